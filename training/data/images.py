@@ -1,0 +1,123 @@
+"""Image decoding and preprocessing with PIL + numpy + torch (no torchvision).
+
+Every decode goes through ``load_image``, which turns any bad file into an ``ImageError`` with a
+message that names the file and the problem, so a long run can skip and report it instead of dying.
+"""
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+# A 12,000 x 12,000 photo is plenty; anything larger is refused before decoding (decompression bombs).
+MAX_PIXELS = 144_000_000
+ALLOWED_FORMATS = {"JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF", "MPO"}
+
+
+class ImageError(ValueError):
+    """An image that cannot be used (not an image, truncated, too large, unsupported)."""
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    if img.mode == "RGB":
+        return img
+    if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
+        rgba = img.convert("RGBA")
+        bg = Image.new("RGB", rgba.size, (255, 255, 255))  # flatten transparency onto white
+        bg.paste(rgba, mask=rgba.getchannel("A"))
+        return bg
+    if img.mode in ("I;16", "I;16B", "I;16L", "I"):
+        arr = np.asarray(img, dtype=np.float64)
+        hi = arr.max() or 1.0
+        return Image.fromarray((arr / hi * 255).astype(np.uint8)).convert("RGB")
+    return img.convert("RGB")  # L, 1, P, CMYK, YCbCr, LAB, HSV, F
+
+
+def load_image(source: str | Path | bytes, *, max_pixels: int = MAX_PIXELS, name: str | None = None) -> Image.Image:
+    """Decode a file path or bytes into an RGB PIL image, applying EXIF orientation.
+
+    Raises ImageError for anything that is not a decodable image of an allowed format and size.
+    """
+    label = name or (str(source) if not isinstance(source, bytes) else "upload")
+    try:
+        fp = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
+    except OSError as e:
+        raise ImageError(f"{label}: cannot open ({e.strerror or e})") from None
+    with fp:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                img = Image.open(fp)
+                if img.format not in ALLOWED_FORMATS:
+                    raise ImageError(f"{label}: unsupported image type {img.format}")
+                w, h = img.size
+                if w * h > max_pixels:
+                    raise ImageError(f"{label}: {w}x{h} pixels exceeds the limit of {max_pixels:,} (decompression-bomb guard)")
+                if w < 1 or h < 1:
+                    raise ImageError(f"{label}: empty image ({w}x{h})")
+                img.load()
+        except ImageError:
+            raise
+        except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning):
+            raise ImageError(f"{label}: not a recognised image file (or too large to decode safely)") from None
+        except (OSError, SyntaxError, ValueError, EOFError) as e:
+            raise ImageError(f"{label}: corrupt or truncated image ({e})") from None
+    try:
+        img = ImageOps.exif_transpose(img)
+    except Exception:  # broken EXIF must not make a good picture unusable
+        pass
+    return _to_rgb(img)
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """Resize the short side to ``resize``, centre-crop ``size``, scale to floats and normalise.
+
+    ``mean``/``std`` are per channel on [0, 1] pixels: EfficientNet-Lite expects [-1, 1]
+    (mean = std = 0.5); torchvision ResNets expect the ImageNet statistics.
+    """
+
+    size: int = 224
+    resize: int = 224
+    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+
+    def key(self) -> dict:
+        return asdict(self)
+
+    def resize_image(self, img: Image.Image) -> Image.Image:
+        w, h = img.size
+        s = self.resize / min(w, h)
+        nw, nh = max(self.size, round(w * s)), max(self.size, round(h * s))
+        return img.resize((nw, nh), Image.BICUBIC, reducing_gap=3.0) if (nw, nh) != (w, h) else img
+
+    def to_tensor(self, img: Image.Image) -> torch.Tensor:
+        arr = np.asarray(img, dtype=np.float32) / 255.0
+        arr = (arr - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
+        return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+
+    def crops(self, img: Image.Image, n_crops: int = 1) -> list[Image.Image]:
+        """1 = centre crop; 2 = centre + its mirror; 10 = four corners + centre, each also mirrored
+        (the ten-crop protocol of the FNE paper)."""
+        img = self.resize_image(img)
+        w, h = img.size
+        s = self.size
+        boxes = [((w - s) // 2, (h - s) // 2)]
+        if n_crops == 10:
+            boxes = [(0, 0), (w - s, 0), (0, h - s), (w - s, h - s)] + boxes
+        elif n_crops not in (1, 2):
+            raise ValueError(f"n_crops must be 1, 2 or 10, got {n_crops}")
+        out = [img.crop((x, y, x + s, y + s)) for x, y in boxes]
+        if n_crops in (2, 10):
+            out += [c.transpose(Image.FLIP_LEFT_RIGHT) for c in out]
+        return out
+
+    def __call__(self, img: Image.Image, n_crops: int = 1) -> torch.Tensor:
+        """(3, H, W) for one crop, (n_crops, 3, H, W) otherwise."""
+        crops = [self.to_tensor(c) for c in self.crops(img, n_crops)]
+        return crops[0] if n_crops == 1 else torch.stack(crops)

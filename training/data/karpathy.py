@@ -1,0 +1,274 @@
+"""Reader for the Karpathy split JSON (COCO, Flickr30k, Flickr8k and our synthetic scenes).
+
+One code path for every dataset: ``images[].filename|filepath|split|sentences[].raw``. Extra keys
+that some files carry (``cocoid``, ``imgid``, ``sentid``, ``annid``) are kept as ids so that external
+ground truth (CxC, relevance matrices) can be joined on them.
+
+Image paths resolve as ``root/filepath/filename``. The root is, in order: the ``images_root``
+argument; an ``"images_root"`` key in the JSON (relative to the JSON's folder); ``JSON_DIR/images``
+when that folder exists and the JSON has no ``filepath`` entries; else the JSON's folder.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "val", "test")
+# Karpathy's COCO JSON has a "restval" split: the part of val2014 that is not val/test. It is train.
+SPLIT_ALIASES = {"restval": "train", "dev": "val", "validation": "val"}
+_TOKEN_RE = re.compile(r"[a-z0-9]+")
+
+
+class DatasetError(ValueError):
+    """A dataset file that cannot be used, with a message that says what to fix."""
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-cased alphanumeric words: the tokenisation of Karpathy's ``tokens`` field."""
+    return _TOKEN_RE.findall(text.lower())
+
+
+@dataclass(frozen=True)
+class ImageRecord:
+    index: int  # position in Dataset.images
+    id: int  # public id: the JSON's imgid (or position when absent)
+    filename: str
+    path: Path
+    split: str
+    caption_indices: tuple[int, ...]
+    cocoid: int | None = None
+
+
+@dataclass(frozen=True)
+class CaptionRecord:
+    index: int  # position in Dataset.captions
+    id: int  # public id: the JSON's sentid (or position when absent)
+    image_index: int
+    raw: str
+    tokens: tuple[str, ...]
+    annid: int | None = None  # COCO annotation id, when known (CxC ground truth uses it)
+
+
+@dataclass
+class Split:
+    """The images and captions of one split, with local (0-based, dense) indices."""
+
+    name: str
+    images: list[ImageRecord]
+    captions: list[CaptionRecord]
+    caption_to_image: np.ndarray  # (n_captions,) local image index of each caption
+
+    @property
+    def image_to_captions(self) -> list[np.ndarray]:
+        order = np.argsort(self.caption_to_image, kind="stable")
+        bounds = np.searchsorted(self.caption_to_image[order], np.arange(len(self.images) + 1))
+        return [order[bounds[i] : bounds[i + 1]] for i in range(len(self.images))]
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+
+@dataclass
+class Dataset:
+    name: str
+    json_path: Path | None
+    root: Path
+    images: list[ImageRecord]
+    captions: list[CaptionRecord]
+    missing: list[str] = field(default_factory=list)  # filenames dropped because missing on disk
+    meta: dict = field(default_factory=dict)
+
+    def split(self, name: str) -> Split:
+        name = SPLIT_ALIASES.get(name, name)
+        imgs = [im for im in self.images if im.split == name]
+        if not imgs:
+            counts = self.split_counts()
+            raise DatasetError(
+                f"split {name!r} of dataset {self.name!r} is empty; splits present: "
+                + ", ".join(f"{k} ({v} images)" for k, v in counts.items())
+            )
+        local = {im.index: i for i, im in enumerate(imgs)}
+        caps = [self.captions[c] for im in imgs for c in im.caption_indices]
+        c2i = np.array([local[c.image_index] for c in caps], dtype=np.int64)
+        return Split(name=name, images=imgs, captions=caps, caption_to_image=c2i)
+
+    def split_counts(self) -> dict[str, int]:
+        return dict(Counter(im.split for im in self.images))
+
+    def image_by_id(self) -> dict[int, ImageRecord]:
+        return {im.id: im for im in self.images}
+
+
+def _resolve_root(json_path: Path, data: dict, images_root: str | Path | None) -> Path:
+    if images_root is not None:
+        return Path(images_root)
+    if data.get("images_root"):
+        return (json_path.parent / data["images_root"]).resolve()
+    has_filepath = any(im.get("filepath") for im in data["images"][:100])
+    if not has_filepath and (json_path.parent / "images").is_dir():
+        return json_path.parent / "images"
+    return json_path.parent
+
+
+def _require(obj: dict, key: str, where: str) -> object:
+    if not isinstance(obj, dict) or key not in obj:
+        raise DatasetError(f"{where}: missing key {key!r} (Karpathy format needs images[].{key})")
+    return obj[key]
+
+
+def parse_karpathy(
+    data: dict,
+    *,
+    json_path: Path | None = None,
+    root: Path,
+    check_files: bool = True,
+    drop_missing: bool = False,
+) -> Dataset:
+    """Build a Dataset from an already-loaded Karpathy dict (validates every record)."""
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+        raise DatasetError(f"{json_path}: expected a JSON object with an 'images' list (Karpathy format)")
+    if not data["images"]:
+        raise DatasetError(f"{json_path}: the 'images' list is empty")
+    images: list[ImageRecord] = []
+    captions: list[CaptionRecord] = []
+    seen_ids: set[int] = set()
+    missing: list[str] = []
+    for pos, im in enumerate(data["images"]):
+        where = f"{json_path}: images[{pos}]"
+        filename = str(_require(im, "filename", where))
+        split = SPLIT_ALIASES.get(str(_require(im, "split", where)), str(im["split"]))
+        sents = _require(im, "sentences", where)
+        if not isinstance(sents, list):
+            raise DatasetError(f"{where}: 'sentences' must be a list")
+        img_id = int(im.get("imgid", pos))
+        if img_id in seen_ids:
+            raise DatasetError(f"{where}: duplicate imgid {img_id}")
+        seen_ids.add(img_id)
+        path = root / im.get("filepath", "") / filename
+        if check_files and not path.is_file():
+            missing.append(str(path))
+            if drop_missing:
+                continue
+        index = len(images)
+        cap_idx = []
+        for s_pos, s in enumerate(sents):
+            raw = _require(s, "raw", f"{where}.sentences[{s_pos}]")
+            if not isinstance(raw, str):
+                raise DatasetError(f"{where}.sentences[{s_pos}]: 'raw' must be a string")
+            if "imgid" in s and "imgid" in im and int(s["imgid"]) != img_id:
+                raise DatasetError(
+                    f"{where}.sentences[{s_pos}]: caption belongs to imgid {s['imgid']}, "
+                    f"but is listed under image {img_id} (caption for an unknown/other image)"
+                )
+            c_index = len(captions)
+            captions.append(
+                CaptionRecord(
+                    index=c_index,
+                    id=int(s.get("sentid", c_index)),
+                    image_index=index,
+                    raw=raw.strip(),
+                    tokens=tuple(tokenize(raw)),
+                    annid=int(s["annid"]) if "annid" in s else None,
+                )
+            )
+            cap_idx.append(c_index)
+        images.append(
+            ImageRecord(
+                index=index,
+                id=img_id,
+                filename=filename,
+                path=path,
+                split=split,
+                caption_indices=tuple(cap_idx),
+                cocoid=int(im["cocoid"]) if "cocoid" in im else None,
+            )
+        )
+    if missing and not drop_missing:
+        raise DatasetError(
+            f"{len(missing)} of {len(data['images'])} images listed in {json_path} are missing under "
+            f"{root}; first: {', '.join(missing[:3])}. Fix the images root (--images-root / "
+            f"data.images_root) or drop them (--drop-missing / data.drop_missing=true)."
+        )
+    if missing:
+        log.warning("dropped %d images missing on disk (first: %s)", len(missing), missing[:3])
+    if not images:
+        raise DatasetError(f"{json_path}: no usable images (all {len(missing)} missing on disk)")
+    cap_ids = [c.id for c in captions]
+    if len(set(cap_ids)) != len(cap_ids):
+        dup = next(k for k, v in Counter(cap_ids).items() if v > 1)
+        raise DatasetError(f"{json_path}: duplicate sentid {dup}")
+    return Dataset(
+        name=str(data.get("dataset", json_path.stem if json_path else "dataset")),
+        json_path=json_path,
+        root=root,
+        images=images,
+        captions=captions,
+        missing=missing,
+        meta={k: v for k, v in data.items() if k != "images"},
+    )
+
+
+def load_karpathy(
+    json_path: str | Path,
+    *,
+    images_root: str | Path | None = None,
+    check_files: bool = True,
+    drop_missing: bool = False,
+) -> Dataset:
+    """Read and validate a Karpathy split JSON. Raises DatasetError with a clear message."""
+    json_path = Path(json_path)
+    if json_path.is_dir():
+        candidates = sorted(json_path.glob("dataset_*.json"))
+        if len(candidates) != 1:
+            raise DatasetError(
+                f"{json_path} is a folder; expected exactly one dataset_*.json in it, found "
+                f"{[c.name for c in candidates] or 'none'}"
+            )
+        json_path = candidates[0]
+    if not json_path.is_file():
+        raise DatasetError(f"dataset file not found: {json_path}")
+    try:
+        data = json.loads(json_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{json_path} is not valid JSON: {e}") from None
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{json_path} is not UTF-8 text: {e}") from None
+    if not isinstance(data, dict) or "images" not in data:
+        raise DatasetError(f"{json_path}: expected a JSON object with an 'images' list (Karpathy format)")
+    root = _resolve_root(json_path, data, images_root)
+    return parse_karpathy(
+        data, json_path=json_path, root=root, check_files=check_files, drop_missing=drop_missing
+    )
+
+
+def dataset_info(ds: Dataset) -> dict:
+    """Counts and caption-length statistics per split (what `ltd data info` prints)."""
+    out: dict = {"dataset": ds.name, "json": str(ds.json_path), "images_root": str(ds.root), "splits": {}}
+    for name in sorted(ds.split_counts(), key=lambda s: (SPLITS.index(s) if s in SPLITS else 9, s)):
+        sp = ds.split(name)
+        lens = np.array([len(c.tokens) for c in sp.captions]) if sp.captions else np.zeros(1)
+        per_img = np.bincount(sp.caption_to_image, minlength=len(sp.images))
+        out["splits"][name] = {
+            "images": len(sp.images),
+            "captions": len(sp.captions),
+            "captions_per_image": [int(per_img.min()), int(per_img.max())],
+            "caption_tokens": {
+                "mean": round(float(lens.mean()), 2),
+                "median": float(np.median(lens)),
+                "p95": float(np.percentile(lens, 95)),
+                "max": int(lens.max()),
+            },
+        }
+    out["images"] = len(ds.images)
+    out["captions"] = len(ds.captions)
+    out["missing_files"] = len(ds.missing)
+    out["missing_examples"] = ds.missing[:5]
+    return out
