@@ -1,0 +1,189 @@
+"""Combining the contrastive loss with the reconstruction loss: none | dual | constraint.
+
+    none        loss = L_con                                   (L_rec, if given, is only reported)
+    dual        loss = L_con + β · L_rec
+    constraint  loss = L_con + λ · (L_rec / η − 1)
+
+``constraint`` is the LTD paper's choice: instead of a fixed weight β, it asks for
+``L_rec <= η`` and lets a Lagrange multiplier λ ≥ 0 find the weight. The Lagrangian is
+minimised over the model and *maximised* over λ, whose gradient is the constraint gap
+``g = L_rec/η − 1``: λ grows while the bound is violated (g > 0) and shrinks towards 0 once it
+holds (g < 0), so the model stops paying for reconstruction it no longer needs.
+
+How λ is updated (and why it is not part of the model's backward pass):
+
+* The model's loss uses ``λ.detach()``: to the model λ is a constant weight.
+* :meth:`LossCombiner.update` (called by the loop *after* the model's optimizer step) computes
+  the gap from the *detached* L_rec, writes it as λ's gradient and steps λ's own optimizer,
+  ``SGD(lr=5e-3, momentum=0.9, dampening=0.9, maximize=True)`` (gradient ascent). With
+  dampening 0.9 the momentum buffer is an exponential moving average of the gap (buffer ←
+  0.9·buffer + 0.1·g; PyTorch seeds it with the first g), the smoothing of Rezende & Viola's
+  "Taming VAEs" that the paper's code reproduces.
+* After every step λ is **projected in place** into ``[0, λ_max]`` (``clamp_`` on the stored
+  parameter). The paper's code instead clamps in the forward pass with a straight-through
+  gradient; then the stored value can run far outside the range ("wind-up") and λ stays stuck at
+  the bound for as many steps as it took to wind up. Projection keeps the stored value in range,
+  so λ moves as soon as the sign of the gap flips (after the EMA buffer turns, ~tens of steps).
+* AMP: if the loop uses a ``GradScaler`` for the model, λ must not see scaled gradients or be
+  skipped/unscaled with the model's optimizer. Because λ is detached from the loss, the scaled
+  backward never writes ``λ.grad``; ``update`` builds λ's gradient itself from the unscaled,
+  detached L_rec in float32, so it is independent of the loss scale. Do **not** pass λ's
+  optimizer to ``scaler.step``. A non-finite L_rec (an overflowed half-precision step) is
+  skipped with a warning, so λ never becomes NaN.
+* With gradient accumulation call ``update`` once per optimizer step with the mean L_rec of the
+  accumulated micro-batches.
+
+``state_dict()`` includes λ and, via ``get_extra_state``, λ's optimizer state (the momentum
+buffer), so a resumed run continues the exact λ trajectory. It works nested inside a parent
+module too (the extra state is stored under ``<prefix>_extra_state``).
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+COMBINE_MODES = ("none", "dual", "constraint")
+
+
+class LossCombiner(nn.Module):
+    """Combine L_con and L_rec; in ``constraint`` mode owns λ and its optimizer.
+
+    Loop usage::
+
+        out = combiner(con["loss"], rec["loss"])      # dict: loss, l_con, l_rec[, lambda, gap]
+        out["loss"].backward(); optimizer.step()      # (or the GradScaler equivalents)
+        combiner.update(rec["loss"])                  # λ ascent step + projection (no-op otherwise)
+
+    Keep the combiner out of the model's optimizer: λ has its own (``lambda_optimizer``), and a
+    model optimizer with weight decay must never touch it. Checkpoint it separately
+    (``combiner.state_dict()``, the checkpoint's ``constraint`` entry).
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        beta: float = 1.0,
+        eta: float = 0.2,
+        lambda_init: float = 1.0,
+        lambda_lr: float = 5e-3,
+        lambda_momentum: float = 0.9,
+        lambda_dampening: float = 0.9,
+        lambda_max: float = 100.0,
+    ) -> None:
+        super().__init__()
+        if mode not in COMBINE_MODES:
+            raise ValueError(f"mode must be one of {COMBINE_MODES}, got {mode!r}")
+        if not beta >= 0:
+            raise ValueError(f"beta (weight of L_rec in 'dual' mode) must be >= 0, got {beta}")
+        if not eta > 0:
+            raise ValueError(f"eta (reconstruction bound in 'constraint' mode) must be > 0, got {eta}")
+        if not lambda_max > 0:
+            raise ValueError(f"lambda_max (upper bound of the multiplier) must be > 0, got {lambda_max}")
+        if not 0 <= lambda_init <= lambda_max:
+            raise ValueError(
+                f"lambda_init must be in [0, lambda_max={lambda_max}], got {lambda_init}"
+            )
+        if not lambda_lr > 0:
+            raise ValueError(f"lambda_lr must be > 0, got {lambda_lr}")
+        if not 0 <= lambda_momentum < 1:
+            raise ValueError(f"lambda_momentum must be in [0, 1), got {lambda_momentum}")
+        if not 0 <= lambda_dampening <= 1:
+            raise ValueError(f"lambda_dampening must be in [0, 1], got {lambda_dampening}")
+
+        self.mode = mode
+        self.beta = float(beta)
+        self.eta = float(eta)
+        self.lambda_max = float(lambda_max)
+        self.lambda_optimizer: torch.optim.SGD | None = None
+        if mode == "constraint":
+            # float32 whatever the model's dtype: λ's update must not lose precision.
+            self.multiplier = nn.Parameter(torch.tensor(float(lambda_init), dtype=torch.float32))
+            self.lambda_optimizer = torch.optim.SGD(
+                [self.multiplier],
+                lr=lambda_lr,
+                momentum=lambda_momentum,
+                dampening=lambda_dampening,
+                maximize=True,  # gradient ASCENT on the Lagrangian
+            )
+        else:
+            self.register_parameter("multiplier", None)
+
+    # -- forward: the model's loss ---------------------------------------------------------
+    def forward(self, l_con: Tensor, l_rec: Tensor | None = None) -> dict[str, Tensor]:
+        """Return ``loss`` plus detached ``l_con``, ``l_rec`` (when given) and, in constraint
+        mode, ``lambda`` (the value used) and ``gap`` (L_rec/η − 1)."""
+        out: dict[str, Tensor] = {}
+        if self.mode == "none":
+            out["loss"] = l_con
+        elif l_rec is None:
+            raise ValueError(f"mode={self.mode!r} needs l_rec (only 'none' works without it)")
+        elif self.mode == "dual":
+            out["loss"] = l_con + self.beta * l_rec
+        else:
+            gap = l_rec.float() / self.eta - 1.0
+            lam = self.multiplier.detach().clone()  # a constant for the model's gradient
+            out["loss"] = l_con + lam * gap
+            out["lambda"] = lam
+            out["gap"] = gap.detach()
+        out["l_con"] = l_con.detach()
+        if l_rec is not None:
+            out["l_rec"] = l_rec.detach()
+        return out
+
+    # -- update: the multiplier's ascent step ----------------------------------------------
+    def update(self, l_rec: Tensor | float) -> None:
+        """One gradient-ascent step on λ with gradient L_rec/η − 1, then project into [0, λ_max].
+
+        No-op unless mode is ``constraint``. Call after the model's optimizer step.
+        """
+        if self.lambda_optimizer is None:
+            return
+        value = l_rec.detach() if isinstance(l_rec, Tensor) else torch.tensor(l_rec)
+        if value.numel() != 1:
+            raise ValueError(f"l_rec must be a scalar, got shape {tuple(value.shape)}")
+        gap = value.to(device=self.multiplier.device, dtype=torch.float32).reshape(()) / self.eta - 1.0
+        if not torch.isfinite(gap):
+            logger.warning("skipping lambda update: non-finite L_rec %s", value.item())
+            return
+        self.lambda_optimizer.zero_grad(set_to_none=True)
+        self.multiplier.grad = gap.clone()
+        self.lambda_optimizer.step()
+        self.multiplier.grad = None
+        with torch.no_grad():
+            self.multiplier.clamp_(0.0, self.lambda_max)  # projection, in place: no wind-up
+
+    @property
+    def lambda_value(self) -> float | None:
+        """Current λ as a float (None unless mode is ``constraint``)."""
+        return None if self.multiplier is None else float(self.multiplier.detach())
+
+    # -- checkpointing: λ's optimizer state rides along in state_dict() --------------------
+    def get_extra_state(self) -> dict[str, Any]:
+        # Deep copy: SGD updates its momentum buffer in place, and a snapshot must not change.
+        opt_state = (
+            None if self.lambda_optimizer is None else copy.deepcopy(self.lambda_optimizer.state_dict())
+        )
+        return {"mode": self.mode, "lambda_optimizer": opt_state}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        if state.get("mode") != self.mode:
+            raise ValueError(
+                f"state_dict was saved with mode={state.get('mode')!r}, this LossCombiner has "
+                f"mode={self.mode!r}"
+            )
+        if self.lambda_optimizer is not None and state.get("lambda_optimizer") is not None:
+            self.lambda_optimizer.load_state_dict(copy.deepcopy(state["lambda_optimizer"]))
+
+    def extra_repr(self) -> str:
+        if self.mode == "dual":
+            return f"mode='dual', beta={self.beta}"
+        if self.mode == "constraint":
+            return f"mode='constraint', eta={self.eta}, lambda_max={self.lambda_max}"
+        return "mode='none'"
