@@ -1,0 +1,97 @@
+"""`ltd data …`: dataset inspection, the synthetic generator and converters."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("data", help="inspect, generate and convert datasets")
+    dsub = p.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+
+    q = dsub.add_parser("info", help="splits, counts, caption lengths and missing files of a Karpathy JSON")
+    q.add_argument("path", help="dataset_*.json (or the folder holding it)")
+    q.add_argument("--images-root", help="folder the image paths are relative to")
+    q.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    q.set_defaults(func=cmd_info)
+
+    q = dsub.add_parser("synth", help="generate the embedded synthetic captioned-scenes dataset")
+    q.add_argument("--out", required=True, help="output folder (images/ + dataset_synthetic.json)")
+    q.add_argument("--images", type=int, default=5000)
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--size", type=int, default=224, help="image side in pixels")
+    q.add_argument("--workers", type=int, default=None)
+    q.set_defaults(func=cmd_synth)
+
+    q = dsub.add_parser("convert-coco", help="official COCO caption annotations → Karpathy JSON")
+    q.add_argument("--captions", action="append", required=True, metavar="FILE",
+                   help="captions_*.json (repeatable)")
+    q.add_argument("--images-root", required=True, help="folder holding the images named in the files")
+    q.add_argument("--split", required=True, help="train | val | test (restval counts as train)")
+    q.add_argument("--out", required=True, help="output JSON")
+    q.add_argument("--append", action="store_true", help="add to an existing output JSON (e.g. another split)")
+    q.set_defaults(func=cmd_convert_coco)
+
+    q = dsub.add_parser("convert-flickr", help="Flickr8k/30k token files + split lists → Karpathy JSON")
+    q.add_argument("--tokens", required=True, help="Flickr8k.token.txt, results_20130124.token or results.csv")
+    q.add_argument("--images-root", required=True, help="folder holding the images")
+    q.add_argument("--split-file", action="append", default=[], metavar="SPLIT=FILE",
+                   help="e.g. train=Flickr_8k.trainImages.txt (repeatable)")
+    q.add_argument("--default-split", help="split for images in no list (default: leave them out)")
+    q.add_argument("--name", default="flickr", help="dataset name written into the JSON")
+    q.add_argument("--out", required=True)
+    q.set_defaults(func=cmd_convert_flickr)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from training.data.karpathy import dataset_info, load_karpathy
+
+    ds = load_karpathy(args.path, images_root=args.images_root, drop_missing=True)
+    info = dataset_info(ds)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"dataset {info['dataset']}  ({info['json']})\nimages root {info['images_root']}")
+    print(f"{'split':<8}{'images':>9}{'captions':>10}{'caps/img':>10}{'tokens mean':>13}{'median':>8}{'p95':>6}{'max':>6}")
+    for name, s in info["splits"].items():
+        t = s["caption_tokens"]
+        cpi = "{}-{}".format(*s["captions_per_image"]) if s["captions_per_image"][0] != s["captions_per_image"][1] \
+            else str(s["captions_per_image"][0])
+        print(f"{name:<8}{s['images']:>9,}{s['captions']:>10,}{cpi:>10}{t['mean']:>13}{t['median']:>8g}{t['p95']:>6g}{t['max']:>6}")
+    print(f"{'total':<8}{info['images']:>9,}{info['captions']:>10,}")
+    if info["missing_files"]:
+        print(f"missing files: {info['missing_files']} (left out), e.g. {', '.join(info['missing_examples'][:3])}")
+    else:
+        print("missing files: 0")
+    return 0
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from training.data.synthetic import generate_synthetic
+
+    path = generate_synthetic(args.out, n_images=args.images, seed=args.seed, image_size=args.size, workers=args.workers)
+    print(path)
+    return 0
+
+
+def cmd_convert_coco(args: argparse.Namespace) -> int:
+    from training.data.convert import convert_coco
+
+    print(json.dumps(convert_coco(args.captions, args.images_root, args.split, args.out, append=args.append)))
+    return 0
+
+
+def cmd_convert_flickr(args: argparse.Namespace) -> int:
+    from training.data.convert import convert_flickr
+
+    splits = {}
+    for item in args.split_file:
+        if "=" not in item:
+            raise ValueError(f"--split-file expects SPLIT=FILE, got {item!r}")
+        k, v = item.split("=", 1)
+        splits[k] = Path(v)
+    res = convert_flickr(args.tokens, args.images_root, args.out, split_files=splits,
+                         default_split=args.default_split, dataset=args.name)
+    print(json.dumps(res))
+    return 0

@@ -1,0 +1,68 @@
+"""`ltd train` and `ltd plot`."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+log = logging.getLogger("ltd.train")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a dual encoder (baseline, LTD or ITD)")
+    p.add_argument("--config", help="YAML file or preset name (see --list-presets); default: synthetic baseline")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set loss.eta=0.15 (repeatable)")
+    p.add_argument("--out", help="run folder (default runs/<train.name or config name>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--list-presets", action="store_true", help="print the shipped presets and exit")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.set_defaults(func=cmd_train)
+
+    q = sub.add_parser("plot", help="training curves (λ, L_rec with η, L_con, val rsum) as PNGs")
+    q.add_argument("runs", nargs="+", help="run folders (several are overlaid)")
+    q.add_argument("--out", help="output folder (default: the first run folder)")
+    q.set_defaults(func=cmd_plot)
+
+
+def run_name(cfg, config_arg: str | None) -> str:
+    if cfg.train.name:
+        return cfg.train.name
+    return Path(config_arg).stem if config_arg else "synthetic_baseline"
+
+
+def train_run(cfg, out: Path, *, resume: bool = False, show_progress: bool = True):
+    """Prepare data, build the validator from the indexer's metrics, and train. Shared by `ltd train`,
+    `ltd demo` and `ltd experiment`."""
+    from indexer.validation import make_validator
+    from training.loop import pick_device, train
+    from training.prepare import prepare
+
+    data = prepare(cfg, show_progress=show_progress, device=str(pick_device(cfg.train.device)))
+    val_feats = data.image_feats[[im.index for im in data.val.images]].mean(1)
+    validator = make_validator(data.val, data.val_texts, val_feats, max_images=cfg.train.val_max_images)
+    return train(cfg, out, validate=validator, resume=resume, data=data, show_progress=show_progress)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from training.config import list_presets, load_config
+
+    if args.list_presets:
+        print("\n".join(list_presets()))
+        return 0
+    cfg = load_config(args.config, args.set)
+    out = Path(args.out) if args.out else Path("runs") / run_name(cfg, args.config)
+    res = train_run(cfg, out, resume=args.resume, show_progress=not args.no_progress)
+    print(json.dumps({"run_dir": str(res.run_dir), "best_val_rsum": round(res.best_rsum, 2),
+                      "best_epoch": res.best_epoch, "seconds": round(res.seconds, 1),
+                      "best_checkpoint": str(res.run_dir / "best.pt")}))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from training.plots import plot_runs
+
+    for path in plot_runs([Path(r) for r in args.runs], Path(args.out) if args.out else None):
+        print(path)
+    return 0

@@ -1,0 +1,204 @@
+"""Frozen-backbone feature cache: computed once per (backbone, preprocessing, views, image list).
+
+Layout of ``CACHE/features/<key>/``: ``features.npy`` (N, V, D) float16 memmap, ``status.npy``
+(N,) int8 (0 todo, 1 done, 2 failed), ``failed.json`` (index → reason), ``meta.json``. Work is
+flushed after every batch, so a killed extraction resumes where it stopped. Views: 1 = centre crop,
+2 = centre + mirror, 10 = corners + centre, each mirrored (FNE paper's ten crops).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from tqdm.auto import tqdm
+
+from training.data.convert import write_json_atomic
+from training.data.images import ImageError, Preprocess, load_image
+from training.models.backbones import Backbone
+
+log = logging.getLogger(__name__)
+
+TODO, DONE, FAILED = 0, 1, 2
+# Hook for synthetic shortcuts: (image index, view) -> view, applied to every view after cropping so
+# that nothing the hook draws is ever cropped away.
+ImageTransform = Callable[[int, Image.Image], Image.Image]
+
+
+def default_cache_dir(configured: str = "") -> Path:
+    return Path(configured or os.environ.get("LTD_CACHE_DIR") or Path.home() / ".cache" / "ltd")
+
+
+@dataclass
+class FeatureStore:
+    features: np.ndarray  # (N, V, D) float16 (memmap for extracted features)
+    failed: dict[int, str] = field(default_factory=dict)
+    key: str = ""
+    path: Path | None = None
+
+    @property
+    def n_views(self) -> int:
+        return self.features.shape[1]
+
+    @property
+    def dim(self) -> int:
+        return self.features.shape[2]
+
+    def tensor(self, indices: Sequence[int] | np.ndarray | None = None) -> torch.Tensor:
+        """float32 (n, V, D) copy in memory."""
+        arr = self.features if indices is None else self.features[np.asarray(indices)]
+        return torch.from_numpy(np.asarray(arr, dtype=np.float32))
+
+    def mean_view(self, indices: Sequence[int] | np.ndarray | None = None) -> torch.Tensor:
+        """(n, D): the average over views, the features used for evaluation and serving."""
+        return self.tensor(indices).mean(1)
+
+
+class _ImageViews(torch.utils.data.Dataset):
+    def __init__(self, paths: Sequence[Path], indices: Sequence[int], pre: Preprocess, n_views: int,
+                 transform: ImageTransform | None):
+        self.paths, self.indices, self.pre, self.n_views, self.transform = paths, list(indices), pre, n_views, transform
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        idx = self.indices[i]
+        try:
+            views = self.pre.crops(load_image(self.paths[idx]), self.n_views)
+            if self.transform is not None:
+                views = [self.transform(idx, v) for v in views]
+            return idx, torch.stack([self.pre.to_tensor(v) for v in views]), ""
+        except ImageError as e:
+            return idx, None, str(e)
+        except Exception as e:  # a long run never dies on one file
+            return idx, None, f"{self.paths[idx]}: {type(e).__name__}: {e}"
+
+
+def _collate(items):
+    ok = [(i, t) for i, t, err in items if t is not None]
+    bad = [(i, err) for i, t, err in items if t is None]
+    idx = [i for i, _ in ok]
+    x = torch.cat([t for _, t in ok]) if ok else None
+    return idx, x, bad
+
+
+def cache_key(backbone_key: dict, paths: Sequence[Path], n_views: int, transform_id: str = "") -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({"backbone": backbone_key, "views": n_views, "transform": transform_id},
+                        sort_keys=True).encode())
+    for p in paths:
+        try:
+            size = os.path.getsize(p)
+        except OSError:
+            size = -1
+        h.update(f"{os.path.abspath(p)}\0{size}\n".encode())
+    return h.hexdigest()[:24]
+
+
+def extract_features(
+    backbone: Backbone,
+    paths: Sequence[Path],
+    *,
+    cache_dir: str | Path = "",
+    n_views: int = 1,
+    batch_size: int = 64,
+    device: str | torch.device = "cpu",
+    workers: int | None = None,
+    transform: ImageTransform | None = None,
+    transform_id: str = "",
+    show_progress: bool = True,
+    desc: str = "image features",
+) -> FeatureStore:
+    """Features for every path (cached). Failed images keep zero features and are listed in ``failed``."""
+    if n_views not in (1, 2, 10):
+        raise ValueError(f"n_views must be 1, 2 or 10, got {n_views}")
+    paths = [Path(p) for p in paths]
+    key = cache_key(backbone.cache_key(), paths, n_views, transform_id)
+    root = default_cache_dir(str(cache_dir)) / "features" / key
+    root.mkdir(parents=True, exist_ok=True)
+    fpath, spath = root / "features.npy", root / "status.npy"
+    n, dim = len(paths), backbone.out_dim
+    if fpath.exists() and spath.exists():
+        feats = np.lib.format.open_memmap(fpath, mode="r+")
+        status = np.lib.format.open_memmap(spath, mode="r+")
+        if feats.shape != (n, n_views, dim) or status.shape != (n,):
+            raise RuntimeError(f"feature cache {root} has an unexpected shape; delete the folder and retry")
+    else:
+        feats = np.lib.format.open_memmap(fpath.with_suffix(".tmp.npy"), mode="w+", dtype=np.float16,
+                                          shape=(n, n_views, dim))
+        status = np.lib.format.open_memmap(spath.with_suffix(".tmp.npy"), mode="w+", dtype=np.int8, shape=(n,))
+        feats.flush(), status.flush()
+        os.replace(fpath.with_suffix(".tmp.npy"), fpath)
+        os.replace(spath.with_suffix(".tmp.npy"), spath)
+        write_json_atomic(root / "meta.json", {"backbone": backbone.cache_key(), "views": n_views,
+                                               "transform": transform_id, "n_images": n, "dim": dim})
+    failed_path = root / "failed.json"
+    failed = {int(k): v for k, v in json.loads(failed_path.read_text()).items()} if failed_path.exists() else {}
+    todo = np.flatnonzero(status == TODO)
+    if len(todo):
+        if len(todo) < n:
+            log.info("resuming feature extraction: %d of %d images left", len(todo), n)
+        device = torch.device(device)
+        backbone.to(device).eval()
+        if workers is None:
+            workers = 1 if (os.cpu_count() or 1) > 1 and len(todo) > batch_size else 0
+        loader = torch.utils.data.DataLoader(
+            _ImageViews(paths, todo, backbone.preprocess, n_views, transform),
+            batch_size=max(1, batch_size // n_views), num_workers=workers, collate_fn=_collate,
+            persistent_workers=False, prefetch_factor=4 if workers else None,
+        )
+        bar = tqdm(total=n, initial=n - len(todo), desc=desc, unit="img", disable=not show_progress)
+        for idx, x, bad in loader:
+            if x is not None:
+                out = backbone.extract(x.to(device)).reshape(len(idx), n_views, -1)
+                feats[idx] = out.cpu().numpy().astype(np.float16)
+                status[idx] = DONE
+            for i, err in bad:
+                status[i] = FAILED
+                failed[int(i)] = err
+                log.warning("skipped image: %s", err)
+            feats.flush(), status.flush()
+            if bad:
+                write_json_atomic(failed_path, {str(k): v for k, v in sorted(failed.items())})
+            bar.update(len(idx) + len(bad))
+        bar.close()
+    if failed:
+        log.warning("%d of %d images could not be read (see %s)", len(failed), n, failed_path)
+    return FeatureStore(features=np.lib.format.open_memmap(fpath, mode="r"), failed=failed, key=key, path=root)
+
+
+def load_precomputed(path: str | Path, image_ids: Sequence[int], filenames: Sequence[str]) -> FeatureStore:
+    """Features from a file: ``.npy`` (N, D) or (N, V, D) aligned with the dataset's image order, or
+    ``.npz`` with ``features`` and ``ids`` (image ids or file names) in any order."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"precomputed features not found: {path}")
+    if path.suffix == ".npz":
+        z = np.load(path, allow_pickle=False)
+        if "features" not in z or "ids" not in z:
+            raise ValueError(f"{path}: an .npz needs arrays 'features' and 'ids'")
+        feats, ids = z["features"], z["ids"]
+        lookup = {(str(k) if ids.dtype.kind in "US" else int(k)): i for i, k in enumerate(ids)}
+        keys = list(filenames) if ids.dtype.kind in "US" else list(image_ids)
+        missing = [k for k in keys if k not in lookup]
+        if missing:
+            raise ValueError(f"{path}: no features for {len(missing)} images (first: {missing[0]})")
+        feats = feats[[lookup[k] for k in keys]]
+    else:
+        feats = np.load(path, mmap_mode="r")
+        if feats.shape[0] != len(image_ids):
+            raise ValueError(f"{path}: {feats.shape[0]} rows but the dataset has {len(image_ids)} images "
+                             "(an .npy must follow the dataset's image order; use an .npz with ids otherwise)")
+    if feats.ndim == 2:
+        feats = feats[:, None, :]
+    if feats.ndim != 3:
+        raise ValueError(f"{path}: expected (N, D) or (N, V, D) features, got shape {feats.shape}")
+    return FeatureStore(features=np.asarray(feats, dtype=np.float16), key=f"precomputed:{path.name}", path=path)

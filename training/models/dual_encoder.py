@@ -1,0 +1,136 @@
+"""The dual encoder (image encoder + caption encoder + optional reconstruction decoder).
+
+Models only encode; losses live in ``training/losses``. ``build_model`` makes a model from the
+config sections, and ``model_from_checkpoint`` rebuilds one from a checkpoint without touching the
+network or the GloVe file (word vectors come from the saved state).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from PIL import Image
+from torch import nn
+
+from training.config import Config, LossConfig, ModelConfig
+from training.data.vocab import Vocab
+from training.models.backbones import Backbone, build_backbone
+from training.models.decoders import InputTokenDecoder, LatentTargetDecoder
+from training.models.heads import FNEDiscretize, ProjectionHead
+from training.models.text_encoder import GRUTextEncoder, SBERTTextEncoder, move_batch
+
+
+class NoImageBackbone(RuntimeError):
+    """Raised when raw images are encoded with a model trained on precomputed features."""
+
+
+class ImageEncoder(nn.Module):
+    def __init__(self, backbone: Backbone | None, feat_dim: int, cfg: ModelConfig):
+        super().__init__()
+        self.backbone = backbone
+        self.fne = FNEDiscretize(feat_dim) if cfg.image_features == "fne" else None
+        self.head = ProjectionHead(feat_dim, cfg.embed_dim, cfg.head_hidden, cfg.image_head, cfg.batchnorm)
+        self.n_crops = cfg.crops
+        self.frozen = cfg.freeze_backbone
+        self.feat_dim, self.embed_dim = feat_dim, cfg.embed_dim
+
+    def encode_features(self, feats: torch.Tensor) -> torch.Tensor:
+        """(B, D) backbone features (already averaged over views) → (B, E) normalised embeddings."""
+        if self.fne is not None:
+            feats = self.fne(feats)
+        return self.head(feats)
+
+    def features(self, images: torch.Tensor) -> torch.Tensor:
+        """Images (B, 3, H, W) or (B, V, 3, H, W) → (B, D), averaged over views."""
+        if self.backbone is None:
+            raise NoImageBackbone("this model was trained on precomputed features and has no image backbone")
+        views = images.dim() == 5
+        x = images.flatten(0, 1) if views else images
+        f = self.backbone.extract(x) if self.frozen else self.backbone(x)
+        return f.view(images.shape[0], images.shape[1], -1).mean(1) if views else f
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.encode_features(self.features(images))
+
+    def prepare(self, images: Sequence[Image.Image]) -> torch.Tensor:
+        """PIL RGB images → (B, V, 3, H, W) with the same views the feature cache averages."""
+        if self.backbone is None:
+            raise NoImageBackbone("this model was trained on precomputed features and has no image backbone")
+        return torch.stack([self.backbone.preprocess(im, self.n_crops).reshape(self.n_crops, 3,
+                            self.backbone.preprocess.size, self.backbone.preprocess.size) for im in images])
+
+
+class DualEncoder(nn.Module):
+    def __init__(self, image: ImageEncoder, text: nn.Module, decoder: nn.Module | None = None,
+                 similarity: str = "cosine"):
+        super().__init__()
+        self.image, self.text, self.decoder, self.similarity = image, text, decoder, similarity
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.text.parameters()).device
+
+    def encode_image_features(self, feats: torch.Tensor) -> torch.Tensor:
+        return self.image.encode_features(feats)
+
+    def encode_text(self, batch: dict) -> torch.Tensor:
+        return self.text(batch)
+
+    @torch.no_grad()
+    def embed_texts(self, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:
+        """Normalised caption embeddings (n, E) on the CPU (inference mode)."""
+        was = self.training
+        self.eval()
+        out = [self.text(move_batch(self.text.prepare(texts[i : i + batch_size]), self.device)).float().cpu()
+               for i in range(0, len(texts), batch_size)]
+        self.train(was)
+        return torch.cat(out) if out else torch.zeros(0, self.text.out_dim)
+
+    @torch.no_grad()
+    def embed_pil(self, images: Sequence[Image.Image]) -> torch.Tensor:
+        was = self.training
+        self.eval()
+        out = self.image(self.image.prepare(images).to(self.device)).float().cpu()
+        self.train(was)
+        return out
+
+
+def target_dim_of(loss: LossConfig) -> int:
+    return 0 if loss.mode == "none" else -1  # resolved by the caller from the target cache
+
+
+def build_model(cfg: Config, vocab: Vocab, *, feat_dim: int | None = None, target_dim: int = 0,
+                word_embeddings: torch.Tensor | None = None, backbone: Backbone | None = None) -> DualEncoder:
+    """Build from config sections. ``backbone`` may be passed to share an already-loaded one;
+    ``feat_dim`` is required for precomputed features."""
+    m = cfg.model
+    if backbone is None and m.backbone != "precomputed":
+        backbone = build_backbone(m.backbone, features=m.image_features, image_size=m.image_size,
+                                  weights=m.backbone_weights)
+    if backbone is not None:
+        feat_dim = backbone.out_dim
+        for p in backbone.parameters():
+            p.requires_grad_(not m.freeze_backbone)
+    if feat_dim is None:
+        raise ValueError("feat_dim is required when the backbone is precomputed")
+    image = ImageEncoder(backbone, feat_dim, m)
+    if m.text_encoder == "gru":
+        word_dim = word_embeddings.shape[1] if word_embeddings is not None else m.word_dim
+        text: nn.Module = GRUTextEncoder(vocab, word_dim, m.text_hidden, m.embed_dim, layers=m.text_layers,
+                                         head_hidden=m.head_hidden, batchnorm=m.batchnorm,
+                                         token_dropout=m.token_dropout, max_len=cfg.data.max_caption_len,
+                                         embeddings=word_embeddings)
+    else:
+        from training.targets import resolve_sentence_model
+        text = SBERTTextEncoder(str(resolve_sentence_model(m.sbert_path)), m.embed_dim, head_hidden=m.head_hidden,
+                                batchnorm=m.batchnorm, max_len=cfg.data.max_caption_len)
+    decoder: nn.Module | None = None
+    if cfg.loss.mode != "none":
+        if cfg.loss.decoder == "ltd":
+            if target_dim <= 0:
+                raise ValueError("LTD needs the target dimension (from the target cache)")
+            decoder = LatentTargetDecoder(m.embed_dim, target_dim, m.decoder_hidden, m.decoder_layers)
+        else:
+            decoder = InputTokenDecoder(m.embed_dim, len(vocab), m.decoder_hidden)
+    sim = "order" if cfg.loss.contrastive == "order" else "cosine"
+    return DualEncoder(image, text, decoder, similarity=sim)

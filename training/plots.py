@@ -1,0 +1,97 @@
+"""Training curves from metrics.jsonl: λ (log scale), L_rec with the η line, L_con and val rsum.
+
+One run or several overlaid (the paper's Figure 3 is several η values on one set of axes).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import yaml  # noqa: E402
+
+
+def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """(step rows, val rows) of a run's metrics.jsonl."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} has no metrics.jsonl (is it a run folder?)")
+    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    return [r for r in rows if r.get("type") == "step"], [r for r in rows if r.get("type") == "val"]
+
+
+def run_label(run_dir: Path) -> tuple[str, float | None]:
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file():
+        return run_dir.name, None
+    cfg = yaml.safe_load(cfg_path.read_text())
+    loss = cfg.get("loss", {})
+    mode = loss.get("mode", "none")
+    eta = float(loss["eta"]) if mode == "constraint" else None
+    label = run_dir.name
+    if mode == "constraint":
+        label += f" (η={eta:g})"
+    elif mode == "dual":
+        label += f" (β={float(loss.get('beta', 1)):g})"
+    return label, eta
+
+
+def figure(runs: list[Path], smooth: int = 5):
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), constrained_layout=True)
+    (ax_lam, ax_rec), (ax_con, ax_val) = axes
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, run in enumerate(runs):
+        steps, vals = read_metrics(run)
+        label, eta = run_label(run)
+        c = colours[i % len(colours)]
+
+        def series(key):
+            pts = [(r["step"], r[key]) for r in steps if key in r]
+            if not pts:
+                return [], []
+            xs, ys = zip(*pts)
+            if smooth > 1 and len(ys) > smooth:
+                k = smooth
+                ys = [sum(ys[max(0, j - k + 1): j + 1]) / len(ys[max(0, j - k + 1): j + 1]) for j in range(len(ys))]
+            return xs, ys
+
+        xs, ys = series("lambda")
+        if xs:
+            ax_lam.plot(xs, [max(y, 1e-4) for y in ys], color=c, label=label)
+        xs, ys = series("l_rec")
+        if xs:
+            ax_rec.plot(xs, ys, color=c, label=label)
+            if eta is not None:
+                ax_rec.axhline(eta, color=c, ls="--", lw=1)
+        xs, ys = series("l_con")
+        ax_con.plot(xs, ys, color=c, label=label)
+        pts = [(r["epoch"], r["rsum"]) for r in vals if "rsum" in r]
+        if pts:
+            ax_val.plot(*zip(*pts), marker="o", color=c, label=label)
+    ax_lam.set(title="Lagrange multiplier λ", xlabel="step", yscale="log")
+    ax_rec.set(title="reconstruction loss L_rec (dashed: η)", xlabel="step")
+    ax_con.set(title="contrastive loss L_con", xlabel="step")
+    ax_val.set(title="validation rsum", xlabel="epoch")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    if not ax_lam.lines:
+        ax_lam.text(0.5, 0.5, "no constraint runs", ha="center", va="center", transform=ax_lam.transAxes)
+    if not ax_rec.lines:
+        ax_rec.text(0.5, 0.5, "no reconstruction loss", ha="center", va="center", transform=ax_rec.transAxes)
+    return fig
+
+
+def plot_runs(runs: list[Path], out: Path | None = None) -> list[Path]:
+    """Write ``curves.png`` (all panels) into ``out`` (default: the first run folder)."""
+    out = out or runs[0]
+    out.mkdir(parents=True, exist_ok=True)
+    fig = figure(runs)
+    path = out / "curves.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]

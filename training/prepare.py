@@ -1,0 +1,126 @@
+"""Everything a run needs before its first step: dataset, vocabulary, cached image features, LTD targets.
+
+Feature extraction covers every image of the dataset (all splits), so validation, indexing and
+evaluation reuse the same cache.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from training.config import Config, ConfigError
+from training.data.karpathy import Dataset, DatasetError, Split, load_karpathy, tokenize
+from training.data.vocab import Vocab
+from training.features import FeatureStore, default_cache_dir, extract_features, load_precomputed
+from training.models.backbones import Backbone, build_backbone
+
+log = logging.getLogger(__name__)
+
+
+def resolve_dataset_path(path: str, *, cache_dir: str = "", synthetic_images: int = 3000, synthetic_seed: int = 0,
+                         show_progress: bool = True) -> Path:
+    """``data.path`` → a Karpathy JSON. ``$VARS`` are expanded; a folder means its dataset_*.json;
+    "" or "synthetic" means the embedded synthetic scenes (generated into the cache on first use)."""
+    if path in ("", "synthetic"):
+        from training.data.synthetic import generate_synthetic
+
+        out = default_cache_dir(cache_dir) / "synthetic" / f"n{synthetic_images}_s{synthetic_seed}"
+        return generate_synthetic(out, n_images=synthetic_images, seed=synthetic_seed, show_progress=show_progress)
+    expanded = os.path.expandvars(os.path.expanduser(path))
+    if "$" in expanded:
+        raise ConfigError(f"data.path={path!r}: environment variable not set (e.g. export LTD_DATA_DIR=/path/to/flickr8k)")
+    return Path(expanded)
+
+
+def load_dataset(cfg: Config, show_progress: bool = True) -> Dataset:
+    d = cfg.data
+    p = resolve_dataset_path(d.path, cache_dir=d.cache_dir, synthetic_images=d.synthetic_images,
+                             synthetic_seed=d.synthetic_seed, show_progress=show_progress)
+    return load_karpathy(p, images_root=d.images_root or None, drop_missing=d.drop_missing)
+
+
+@dataclass
+class TrainingData:
+    dataset: Dataset
+    train: Split
+    val: Split
+    vocab: Vocab
+    image_feats: torch.Tensor | None  # (N_all, V, D) float32, dataset image order; None = end-to-end only
+    failed_images: dict[int, str]
+    train_texts: list[str]
+    val_texts: list[str]
+    targets: torch.Tensor | None  # (n_train_captions, T) LTD targets
+    backbone: Backbone | None
+    feat_dim: int
+    feature_key: str
+    word_embeddings: torch.Tensor | None
+
+    @property
+    def train_image_index(self) -> np.ndarray:
+        """Dataset-level image index of each training caption."""
+        return np.array([self.train.images[i].index for i in self.train.caption_to_image], dtype=np.int64)
+
+
+def _drop_failed(split: Split, failed: dict[int, str]) -> Split:
+    if not failed:
+        return split
+    keep = [i for i, im in enumerate(split.images) if im.index not in failed]
+    if len(keep) == len(split.images):
+        return split
+    log.warning("%s: leaving out %d images whose files could not be read", split.name, len(split.images) - len(keep))
+    remap = {old: new for new, old in enumerate(keep)}
+    caps = [c for c, img in zip(split.captions, split.caption_to_image) if int(img) in remap]
+    c2i = np.array([remap[int(i)] for i in split.caption_to_image if int(i) in remap], dtype=np.int64)
+    return Split(split.name, [split.images[i] for i in keep], caps, c2i)
+
+
+def image_features(cfg: Config, ds: Dataset, backbone: Backbone | None, *, transform=None, transform_id: str = "",
+                   show_progress: bool = True, device: str = "cpu") -> FeatureStore:
+    m = cfg.model
+    if m.backbone == "precomputed":
+        return load_precomputed(m.precomputed_path, [im.id for im in ds.images], [im.filename for im in ds.images])
+    assert backbone is not None
+    return extract_features(backbone, [im.path for im in ds.images], cache_dir=cfg.data.cache_dir, n_views=m.crops,
+                            transform=transform, transform_id=transform_id, show_progress=show_progress,
+                            device=device, desc=f"{ds.name} image features ({backbone.name}, {m.crops} view)")
+
+
+def prepare(cfg: Config, *, show_progress: bool = True, device: str = "cpu") -> TrainingData:
+    from training.data.shortcuts import apply_shortcuts
+    from training.models.glove import glove_matrix
+    from training.targets import compute_targets
+
+    ds = load_dataset(cfg, show_progress)
+    try:
+        train, val = ds.split("train"), ds.split(cfg.data.val_split)
+    except DatasetError as e:
+        raise ConfigError(f"data: {e}") from None
+    sc = apply_shortcuts(cfg.data.shortcuts, ds, seed=cfg.train.seed)
+    m = cfg.model
+    backbone = None if m.backbone == "precomputed" else build_backbone(
+        m.backbone, features=m.image_features, image_size=m.image_size, weights=m.backbone_weights)
+    store = image_features(cfg, ds, backbone, transform=sc.image_transform, transform_id=sc.transform_id,
+                           show_progress=show_progress, device=device)
+    train, val = _drop_failed(train, store.failed), _drop_failed(val, store.failed)
+    feats = store.tensor()
+    train_texts = [sc.caption(c) for c in train.captions]
+    val_texts = [sc.caption(c) for c in val.captions]
+    vocab = Vocab.build((tokenize(t) for t in train_texts), min_count=cfg.data.min_word_count)
+    emb = None
+    if m.text_encoder == "gru" and m.word_embeddings != "random":
+        mat, _ = glove_matrix(vocab, m.word_embeddings, seed=cfg.train.seed)
+        emb = torch.from_numpy(mat)
+    targets = None
+    if cfg.loss.mode != "none" and cfg.loss.decoder == "ltd":
+        # Targets encode the caption as written, without the synthetic shortcut digits: the decoder
+        # must recover the caption's content, not the shortcut.
+        targets = torch.from_numpy(compute_targets([c.raw for c in train.captions], cfg.loss.target_model,
+                                                   cache_dir=cfg.data.cache_dir, show_progress=show_progress))
+    return TrainingData(dataset=ds, train=train, val=val, vocab=vocab, image_feats=feats, failed_images=store.failed,
+                        train_texts=train_texts, val_texts=val_texts, targets=targets, backbone=backbone,
+                        feat_dim=store.dim, feature_key=store.key, word_embeddings=emb)

