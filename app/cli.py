@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     _setup(args.verbose)
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, DatasetError, ImageError, FileNotFoundError, FileExistsError, ValueError) as e:
+    except (ConfigError, DatasetError, ImageError, FileNotFoundError, FileExistsError, ValueError,
+            RuntimeError) as e:
         # User mistakes: one clear line, no traceback (use -v for one).
         if args.verbose:
             logging.exception("failed")

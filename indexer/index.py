@@ -39,6 +39,18 @@ def gpu_count() -> int:
         return 0
 
 
+def _tune(index: faiss.Index) -> None:
+    """Search-time parameters that FAISS leaves at speed-first defaults (nprobe 1, efSearch 16)."""
+    ps = faiss.ParameterSpace()
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        ivf.nprobe = min(ivf.nlist, max(8, ivf.nlist // 16))
+    try:
+        ps.set_index_parameter(index, "efSearch", 128)
+    except RuntimeError:
+        pass  # not an HNSW index
+
+
 class VectorIndex:
     """A FAISS inner-product index built from a factory string (``Flat``, ``HNSW32``, ``IVF256,PQ32``…).
 
@@ -77,8 +89,7 @@ class VectorIndex:
             except RuntimeError as e:
                 raise IndexDirError(f"cannot train {factory!r} on {len(sample)} vectors (too few for this factory? "
                                   f"use Flat or fewer IVF lists): {str(e).splitlines()[-1][:200]}") from None
-        if "HNSW" in factory:
-            faiss.ParameterSpace().set_index_parameter(index, "efSearch", 128)
+        _tune(index)
         if len(vectors):
             index.add(vectors)
         return cls(index, factory)
@@ -113,7 +124,9 @@ class VectorIndex:
     @classmethod
     def load(cls, path: Path, factory: str) -> VectorIndex:
         try:
-            return cls(faiss.read_index(str(path)), factory)
+            index = faiss.read_index(str(path))
+            _tune(index)
+            return cls(index, factory)
         except RuntimeError as e:
             raise IndexDirError(f"{path} is not a readable FAISS index: {str(e).splitlines()[-1][:200]}") from None
 
@@ -182,21 +195,23 @@ def save_index_dir(path: str | Path, manifest: dict, images: Modality, captions:
     return IndexDir(path, manifest, images, captions)
 
 
-def append_to_index_dir(ix: IndexDir, images: Modality | None, captions: Modality | None,
-                        skipped: list[dict] | None = None) -> IndexDir:
-    """Add items to an existing index directory; ids continue, the manifest is updated last."""
+def append_to_index_dir(ix: IndexDir, images: tuple[np.ndarray, dict] | None,
+                        captions: tuple[np.ndarray, dict] | None, skipped: list[dict] | None = None) -> IndexDir:
+    """Add (vectors, metadata lists) to an existing index directory; ids continue, the manifest is
+    written last."""
     for name, new in (("images", images), ("captions", captions)):
-        if new is None or new.index.ntotal == 0:
+        if new is None or len(new[0]) == 0:
             continue
+        vectors, meta = new
         cur: Modality = getattr(ix, name)
-        if new.vectors.shape[1] != cur.vectors.shape[1]:
-            raise IndexDirError(f"cannot append {name}: dimension {new.vectors.shape[1]} != {cur.vectors.shape[1]}")
-        cur.index.add(new.vectors)
-        cur.vectors = np.concatenate([cur.vectors, new.vectors])
-        for k, v in new.meta.items():
+        if vectors.shape[1] != cur.vectors.shape[1]:
+            raise IndexDirError(f"cannot append {name}: dimension {vectors.shape[1]} != {cur.vectors.shape[1]}")
+        n_old = len(cur.vectors)
+        cur.index.add(vectors)
+        cur.vectors = np.concatenate([cur.vectors, vectors])
+        for k, v in meta.items():
             if isinstance(v, list):
-                cur.meta.setdefault(k, [None] * (len(cur.vectors) - len(new.vectors)))
-                cur.meta[k] = cur.meta[k] + v
+                cur.meta[k] = cur.meta.get(k, [None] * n_old) + v
         _write_modality(ix.path, name, cur)
     ix.manifest["counts"] = {"images": ix.images.index.ntotal, "captions": ix.captions.index.ntotal}
     ix.manifest["skipped"] = ix.manifest.get("skipped", []) + (skipped or [])

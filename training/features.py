@@ -202,3 +202,19 @@ def load_precomputed(path: str | Path, image_ids: Sequence[int], filenames: Sequ
     if feats.ndim != 3:
         raise ValueError(f"{path}: expected (N, D) or (N, V, D) features, got shape {feats.shape}")
     return FeatureStore(features=np.asarray(feats, dtype=np.float16), key=f"precomputed:{path.name}", path=path)
+
+
+def lookup_features(backbone: Backbone, paths: Sequence[Path], *, cache_dir: str | Path = "", n_views: int = 1,
+                    transform_id: str = "") -> FeatureStore | None:
+    """The cached features for exactly these paths if extraction finished, else None (no work done)."""
+    key = cache_key(backbone.cache_key(), [Path(p) for p in paths], n_views, transform_id)
+    root = default_cache_dir(str(cache_dir)) / "features" / key
+    if not (root / "status.npy").is_file():
+        return None
+    status = np.load(root / "status.npy", mmap_mode="r")
+    if (status == TODO).any():
+        return None
+    failed_path = root / "failed.json"
+    failed = {int(k): v for k, v in json.loads(failed_path.read_text()).items()} if failed_path.exists() else {}
+    return FeatureStore(features=np.lib.format.open_memmap(root / "features.npy", mode="r"), failed=failed,
+                        key=key, path=root)

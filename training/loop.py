@@ -278,18 +278,18 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
             if swa_model is not None and s in swa_at:
                 swa_model.update_parameters(model)
             if global_step % tc.log_every == 0 or s == len(batches) - 1:
-                row = {"type": "step", "epoch": epoch + 1, "step": global_step, "loss": float(out["loss"]),
-                       "l_con": float(out["l_con"]), "lr": scheduler.get_last_lr()[0], "grad_norm": float(gnorm),
+                row = {"type": "step", "epoch": epoch + 1, "step": global_step, "loss": float(out["loss"].detach()),
+                       "l_con": float(out["l_con"].detach()), "lr": scheduler.get_last_lr()[0], "grad_norm": float(gnorm),
                        "contrastive": contrastive_name}
                 if l_rec is not None:
-                    row["l_rec"] = float(l_rec)
+                    row["l_rec"] = float(l_rec.detach())
                 if lc.mode == "constraint":
                     row["lambda"], row["gap"] = float(out["lambda"]), float(out["gap"])
                 mlog.write(**row)
             if tc.checkpoint_every and global_step % tc.checkpoint_every == 0 and s < len(batches) - 1:
                 save_checkpoint(ckpt_path, payload(epoch, s + 1, model))
             bar.update(1)
-            bar.set_postfix(loss=f"{float(out['loss']):.3f}", **({"lam": f"{float(out['lambda']):.2f}"}
+            bar.set_postfix(loss=f"{float(out['loss'].detach()):.3f}", **({"lam": f"{float(out['lambda']):.2f}"}
                                                                     if "lambda" in out else {}))
         bar.close()
         step_in_epoch = 0

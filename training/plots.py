@@ -39,16 +39,35 @@ def run_label(run_dir: Path) -> tuple[str, float | None]:
     return label, eta
 
 
-def figure(runs: list[Path], smooth: int = 5):
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), constrained_layout=True)
+def split_rows(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(step rows, val rows) of already-parsed metrics.jsonl rows (e.g. from the search service)."""
+    return [r for r in rows if r.get("type") == "step"], [r for r in rows if r.get("type") == "val"]
+
+
+def label_for(name: str, loss: dict | None) -> tuple[str, float | None]:
+    """Legend label and η of a run from its loss settings ({"mode", "eta", "beta"}), as run_label does."""
+    loss = loss or {}
+    mode = loss.get("mode") or "none"
+    eta = float(loss["eta"]) if mode == "constraint" and loss.get("eta") is not None else None
+    if mode == "constraint" and eta is not None:
+        return f"{name} (η={eta:g})", eta
+    if mode == "dual":
+        return f"{name} (β={float(loss.get('beta') or 1):g})", None
+    return name, None
+
+
+def figure_from_rows(series: list[tuple[str, float | None, list[dict]]], smooth: int = 5,
+                     figsize: tuple[float, float] = (11, 7.5)):
+    """The 2×2 curves figure from metrics rows: ``series`` is [(label, eta or None, rows), ...], one
+    entry per run, where rows are metrics.jsonl objects (step and val rows; others are ignored)."""
+    fig, axes = plt.subplots(2, 2, figsize=figsize, constrained_layout=True)
     (ax_lam, ax_rec), (ax_con, ax_val) = axes
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, run in enumerate(runs):
-        steps, vals = read_metrics(run)
-        label, eta = run_label(run)
+    for i, (label, eta, rows) in enumerate(series):
+        steps, vals = split_rows(rows)
         c = colours[i % len(colours)]
 
-        def series(key):
+        def series_of(key):
             pts = [(r["step"], r[key]) for r in steps if key in r]
             if not pts:
                 return [], []
@@ -58,15 +77,15 @@ def figure(runs: list[Path], smooth: int = 5):
                 ys = [sum(ys[max(0, j - k + 1): j + 1]) / len(ys[max(0, j - k + 1): j + 1]) for j in range(len(ys))]
             return xs, ys
 
-        xs, ys = series("lambda")
+        xs, ys = series_of("lambda")
         if xs:
             ax_lam.plot(xs, [max(y, 1e-4) for y in ys], color=c, label=label)
-        xs, ys = series("l_rec")
+        xs, ys = series_of("l_rec")
         if xs:
             ax_rec.plot(xs, ys, color=c, label=label)
             if eta is not None:
                 ax_rec.axhline(eta, color=c, ls="--", lw=1)
-        xs, ys = series("l_con")
+        xs, ys = series_of("l_con")
         ax_con.plot(xs, ys, color=c, label=label)
         pts = [(r["epoch"], r["rsum"]) for r in vals if "rsum" in r]
         if pts:
@@ -84,6 +103,15 @@ def figure(runs: list[Path], smooth: int = 5):
     if not ax_rec.lines:
         ax_rec.text(0.5, 0.5, "no reconstruction loss", ha="center", va="center", transform=ax_rec.transAxes)
     return fig
+
+
+def figure(runs: list[Path], smooth: int = 5):
+    series = []
+    for run in runs:
+        steps, vals = read_metrics(run)
+        label, eta = run_label(run)
+        series.append((label, eta, steps + vals))
+    return figure_from_rows(series, smooth=smooth)
 
 
 def plot_runs(runs: list[Path], out: Path | None = None) -> list[Path]:

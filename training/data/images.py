@@ -17,6 +17,8 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 # A 12,000 x 12,000 photo is plenty; anything larger is refused before decoding (decompression bombs).
 MAX_PIXELS = 144_000_000
 ALLOWED_FORMATS = {"JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF", "MPO"}
+# PIL's own bomb check runs inside Image.open; align it with ours so one limit applies everywhere.
+Image.MAX_IMAGE_PIXELS = MAX_PIXELS
 
 
 class ImageError(ValueError):
@@ -63,8 +65,11 @@ def load_image(source: str | Path | bytes, *, max_pixels: int = MAX_PIXELS, name
                 img.load()
         except ImageError:
             raise
-        except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning):
-            raise ImageError(f"{label}: not a recognised image file (or too large to decode safely)") from None
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+            raise ImageError(f"{label}: too many pixels to decode safely (decompression-bomb guard, "
+                             f"limit {MAX_PIXELS:,})") from None
+        except UnidentifiedImageError:
+            raise ImageError(f"{label}: not a recognised image file") from None
         except (OSError, SyntaxError, ValueError, EOFError) as e:
             raise ImageError(f"{label}: corrupt or truncated image ({e})") from None
     try:

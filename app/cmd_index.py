@@ -1,0 +1,96 @@
+"""`ltd index`, `ltd eval`, `ltd compare`."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("index", help="embed a dataset split or a corpus into FAISS indexes")
+    p.add_argument("--checkpoint", required=True, help="best.pt / checkpoint.pt of a run")
+    p.add_argument("--out", required=True, help="index directory to write")
+    p.add_argument("--dataset", help="Karpathy JSON (or its folder) — with --split, indexes a split with ground truth")
+    p.add_argument("--split", default="test", help="train | val | test (default test)")
+    p.add_argument("--images-root", help="folder the dataset's image paths are relative to")
+    p.add_argument("--images-dir", help="corpus: a folder of images (no ground truth)")
+    p.add_argument("--captions-file", help="corpus: a text file, one caption per line (no ground truth)")
+    p.add_argument("--factory", default="Flat", help="FAISS factory string: Flat (exact, default), HNSW32, IVF1024,PQ32 …")
+    p.add_argument("--shortcuts", default="none", help="evaluate with SVL shortcuts: none | unique | bits:N …")
+    p.add_argument("--append", action="store_true", help="corpus: add the items to an existing index directory")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing index directory")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_index)
+
+    q = sub.add_parser("eval", help="R@k, R-precision and nDCG of an index → report.json + report.md")
+    q.add_argument("--index", required=True, help="index directory")
+    q.add_argument("--relevance", default="rougeL",
+                   help="nDCG relevance: rougeL (computed and cached), a TERN-format float32 file, or none")
+    q.add_argument("--cxc", action="store_true", help="extra positives from CxC (COCO 5k test)")
+    q.add_argument("--ndcg-k", type=int, default=25)
+    q.add_argument("--no-progress", action="store_true")
+    q.set_defaults(func=cmd_eval)
+
+    c = sub.add_parser("compare", help="per-query disagreement table between two models on the same split")
+    c.add_argument("--index", action="append", required=True, help="two index directories: A then B")
+    c.add_argument("--top", type=int, default=20, help="rows in the markdown table")
+    c.add_argument("--direction", choices=("both", "t2i", "i2t"), default="both")
+    c.add_argument("--no-relevance", action="store_true", help="skip nDCG (no ROUGE-L computation)")
+    c.add_argument("--csv", help="also write every row to this CSV file")
+    c.set_defaults(func=cmd_compare)
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from indexer.build import append_corpus, build_corpus_index, build_dataset_index
+
+    progress = not args.no_progress
+    corpus = args.images_dir or args.captions_file
+    if args.dataset and corpus:
+        raise ValueError("give either --dataset (a split with ground truth) or --images-dir/--captions-file (a corpus)")
+    if args.append:
+        if not corpus:
+            raise ValueError("--append adds a corpus (--images-dir/--captions-file) to an existing index")
+        ix = append_corpus(args.out, args.checkpoint, images_dir=args.images_dir, captions_file=args.captions_file,
+                           show_progress=progress, device=args.device)
+    elif corpus:
+        ix = build_corpus_index(args.checkpoint, args.out, images_dir=args.images_dir, captions_file=args.captions_file,
+                                factory=args.factory, overwrite=args.overwrite, show_progress=progress, device=args.device)
+    elif args.dataset:
+        ix = build_dataset_index(args.checkpoint, args.dataset, args.split, args.out, factory=args.factory,
+                                 images_root=args.images_root, shortcuts=args.shortcuts, overwrite=args.overwrite,
+                                 show_progress=progress, device=args.device)
+    else:
+        raise ValueError("nothing to index: give --dataset (and --split) or --images-dir/--captions-file")
+    m = ix.manifest
+    print(json.dumps({"index": str(ix.path), "images": m["counts"]["images"], "captions": m["counts"]["captions"],
+                      "skipped": len(m.get("skipped", [])), "factory": m["factory"]}))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from indexer.evaluate import evaluate_index, render_markdown, write_report
+    from indexer.index import load_index_dir
+
+    ix = load_index_dir(args.index)
+    rel = None if args.relevance.lower() == "none" else args.relevance
+    report = evaluate_index(ix, relevance=rel, cxc=args.cxc, ndcg_k=args.ndcg_k, show_progress=not args.no_progress)
+    jp, mp = write_report(ix, report)
+    print(render_markdown(report))
+    print(f"wrote {jp} and {mp}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from indexer.compare import compare_indexes, to_csv, to_markdown
+    from indexer.index import load_index_dir
+
+    if len(args.index) != 2:
+        raise ValueError("compare needs exactly two --index arguments (A then B)")
+    a, b = (load_index_dir(p) for p in args.index)
+    dirs = ("t2i", "i2t") if args.direction == "both" else (args.direction,)
+    rows = compare_indexes(a, b, relevance=not args.no_relevance, directions=dirs)
+    if args.csv:
+        Path(args.csv).write_text(to_csv(rows))
+    print(to_markdown(rows, a.name, b.name, top=args.top))
+    return 0

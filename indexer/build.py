@@ -1,0 +1,175 @@
+"""Build index directories: a dataset split (with ground truth) or a free corpus (folder of images
+and/or a text file of captions, no ground truth), and append to existing ones."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from indexer.embed import embed_captions, embed_image_features, embed_image_files
+from indexer.index import IndexDir, IndexDirError, Modality, VectorIndex, append_to_index_dir, load_index_dir, save_index_dir
+from training.checkpoint import load_checkpoint, model_from_checkpoint, sha256_file, versions
+from training.data.karpathy import load_karpathy
+from training.data.shortcuts import apply_shortcuts
+from training.features import extract_features, load_precomputed, lookup_features
+from training.models.dual_encoder import DualEncoder
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
+
+
+@dataclass
+class LoadedModel:
+    model: DualEncoder
+    cfg: object
+    checkpoint: Path
+    sha256: str
+    meta: dict
+
+
+def load_model(checkpoint: str | Path, device: str = "cpu") -> LoadedModel:
+    checkpoint = Path(checkpoint).resolve()
+    ckpt = load_checkpoint(checkpoint)
+    model, _, cfg = model_from_checkpoint(ckpt, device)
+    if model.similarity != "cosine":
+        raise IndexDirError(f"{checkpoint}: {model.similarity}-similarity models cannot use an inner-product FAISS "
+                            "index; evaluate them with training validation instead")
+    lc = cfg.loss
+    meta = {"train_name": cfg.train.name, "similarity": model.similarity, "embed_dim": cfg.model.embed_dim,
+            "loss": {"contrastive": lc.contrastive, "mode": lc.mode, "decoder": lc.decoder if lc.mode != "none" else None,
+                     "eta": lc.eta if lc.mode == "constraint" else None, "beta": lc.beta if lc.mode == "dual" else None},
+            "backbone": cfg.model.backbone, "image_features": cfg.model.image_features, "epoch": ckpt.get("epoch"),
+            "best_val_rsum": (ckpt.get("best") or {}).get("rsum")}
+    return LoadedModel(model, cfg, checkpoint, sha256_file(checkpoint), meta)
+
+
+def _dataset_image_features(lm: LoadedModel, ds, idx: list[int], transform, transform_id: str,
+                            show_progress: bool) -> tuple[torch.Tensor, dict[int, str]]:
+    """Backbone features (views averaged) of dataset images ``idx``; reuses the training cache over the
+    whole dataset when it is complete, otherwise extracts only these images."""
+    m = lm.cfg.model
+    if m.backbone == "precomputed":
+        store = load_precomputed(m.precomputed_path, [im.id for im in ds.images], [im.filename for im in ds.images])
+        return store.mean_view(idx), {}
+    bb = lm.model.image.backbone
+    all_paths = [im.path for im in ds.images]
+    store = lookup_features(bb, all_paths, cache_dir=lm.cfg.data.cache_dir, n_views=m.crops, transform_id=transform_id)
+    if store is not None:
+        pos = {i: k for k, i in enumerate(idx)}
+        return store.mean_view(idx), {pos[i]: r for i, r in store.failed.items() if i in pos}
+    # Index numbering for the shortcut transform stays dataset-wide.
+    sub_transform = None if transform is None else (lambda k, v: transform(idx[k], v))
+    store = extract_features(bb, [all_paths[i] for i in idx], cache_dir=lm.cfg.data.cache_dir, n_views=m.crops,
+                             transform=sub_transform, transform_id=f"{transform_id}|subset" if transform_id else "",
+                             show_progress=show_progress, device=str(lm.model.device), workers=0 if transform else None)
+    return store.mean_view(), dict(store.failed)
+
+
+def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str, out: str | Path, *,
+                        factory: str = "Flat", images_root: str | None = None, shortcuts: str = "none",
+                        overwrite: bool = False, show_progress: bool = True, device: str = "cpu",
+                        name: str | None = None) -> IndexDir:
+    lm = load_model(checkpoint, device)
+    ds = load_karpathy(dataset, images_root=images_root, drop_missing=True)
+    sp = ds.split(split)
+    sc = apply_shortcuts(shortcuts, ds, seed=lm.cfg.train.seed, evaluation=True)
+    idx = [im.index for im in sp.images]
+    if lm.model.image.frozen:
+        feats, failed = _dataset_image_features(lm, ds, idx, sc.image_transform, sc.transform_id, show_progress)
+        keep = [k for k in range(len(idx)) if k not in failed]
+        img_vecs = embed_image_features(lm.model, feats[keep])
+    else:
+        if sc.image_transform is not None:
+            raise IndexDirError("shortcut evaluation needs a frozen backbone (feature-cache path)")
+        img_vecs, failed = embed_image_files(lm.model, [im.path for im in sp.images], show_progress=show_progress)
+        keep = [k for k in range(len(idx)) if k not in failed]
+    pos = {old: new for new, old in enumerate(keep)}
+    texts = [sc.caption(c) for c in sp.captions]
+    txt_vecs = embed_captions(lm.model, texts, show_progress=show_progress)
+    c2i = [pos.get(int(i), -1) for i in sp.caption_to_image]
+    kept_imgs = [sp.images[k] for k in keep]
+    images_meta = {"ids": [im.id for im in kept_imgs], "filenames": [im.filename for im in kept_imgs],
+                   "paths": [str(im.path.resolve()) for im in kept_imgs],
+                   "captions": [[j for j, i in enumerate(c2i) if i == k] for k in range(len(kept_imgs))]}
+    if any(im.cocoid is not None for im in kept_imgs):
+        images_meta["cocoids"] = [im.cocoid for im in kept_imgs]
+    captions_meta = {"ids": [c.id for c in sp.captions], "texts": [c.raw for c in sp.captions], "image": c2i}
+    if texts != captions_meta["texts"]:
+        captions_meta["model_texts"] = texts
+    if any(c.annid is not None for c in sp.captions):
+        captions_meta["annids"] = [c.annid for c in sp.captions]
+    skipped = [{"file": str(sp.images[k].path), "reason": r} for k, r in sorted(failed.items())]
+    manifest = {"name": name or Path(out).name, "checkpoint": str(lm.checkpoint), "checkpoint_sha256": lm.sha256,
+                "model": lm.meta, "dataset": {"name": ds.name, "json": str(ds.json_path), "split": sp.name,
+                                              "images_root": str(ds.root)},
+                "ground_truth": True, "shortcuts": shortcuts, "factory": factory, "metric": "inner_product",
+                "dim": int(img_vecs.shape[1]), "normalized": True, "skipped": skipped, "versions": versions()}
+    return save_index_dir(out, manifest, Modality(VectorIndex.build(img_vecs, factory), img_vecs, images_meta),
+                          Modality(VectorIndex.build(txt_vecs, factory), txt_vecs, captions_meta), overwrite=overwrite)
+
+
+def _corpus_items(lm: LoadedModel, images_dir: str | Path | None, captions_file: str | Path | None, start_image_id: int,
+                  start_caption_id: int, show_progress: bool):
+    img_vecs = np.zeros((0, lm.model.image.embed_dim), np.float32)
+    images_meta: dict = {"ids": [], "filenames": [], "paths": [], "captions": []}
+    skipped: list[dict] = []
+    if images_dir:
+        folder = Path(images_dir)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"images folder not found: {folder}")
+        files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTS)
+        if not files:
+            raise ValueError(f"no image files ({', '.join(sorted(IMAGE_EXTS))}) under {folder}")
+        img_vecs, failed = embed_image_files(lm.model, files, show_progress=show_progress)
+        ok = [p for k, p in enumerate(files) if k not in failed]
+        skipped = [{"file": str(files[k]), "reason": r} for k, r in sorted(failed.items())]
+        images_meta = {"ids": list(range(start_image_id, start_image_id + len(ok))),
+                       "filenames": [str(p.relative_to(folder)) for p in ok],
+                       "paths": [str(p.resolve()) for p in ok], "captions": [[] for _ in ok]}
+    txt_vecs = np.zeros((0, lm.model.text.out_dim), np.float32)
+    captions_meta: dict = {"ids": [], "texts": [], "image": []}
+    if captions_file:
+        path = Path(captions_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"captions file not found: {path}")
+        texts = [ln.strip() for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+        if not texts:
+            raise ValueError(f"{path} has no captions (one per line expected)")
+        txt_vecs = embed_captions(lm.model, texts, show_progress=show_progress)
+        captions_meta = {"ids": list(range(start_caption_id, start_caption_id + len(texts))), "texts": texts,
+                         "image": [-1] * len(texts)}
+    return img_vecs, images_meta, txt_vecs, captions_meta, skipped
+
+
+def build_corpus_index(checkpoint: str | Path, out: str | Path, *, images_dir: str | Path | None = None,
+                       captions_file: str | Path | None = None, factory: str = "Flat", overwrite: bool = False,
+                       show_progress: bool = True, device: str = "cpu", name: str | None = None) -> IndexDir:
+    if not images_dir and not captions_file:
+        raise ValueError("a corpus index needs --images-dir and/or --captions-file")
+    lm = load_model(checkpoint, device)
+    img_vecs, images_meta, txt_vecs, captions_meta, skipped = _corpus_items(lm, images_dir, captions_file, 0, 0,
+                                                                            show_progress)
+    def vindex(v):  # an empty side cannot train IVF/PQ; it stays an (empty) exact index
+        return VectorIndex.build(v, factory if len(v) else "Flat")
+    manifest = {"name": name or Path(out).name, "checkpoint": str(lm.checkpoint), "checkpoint_sha256": lm.sha256,
+                "model": lm.meta, "dataset": {"name": "corpus", "images_dir": str(images_dir or ""),
+                                              "captions_file": str(captions_file or ""), "split": None},
+                "ground_truth": False, "shortcuts": "none", "factory": factory, "metric": "inner_product",
+                "dim": int(lm.model.image.embed_dim), "normalized": True, "skipped": skipped, "versions": versions()}
+    return save_index_dir(out, manifest, Modality(vindex(img_vecs), img_vecs, images_meta),
+                          Modality(vindex(txt_vecs), txt_vecs, captions_meta), overwrite=overwrite)
+
+
+def append_corpus(index_dir: str | Path, checkpoint: str | Path, *, images_dir=None, captions_file=None,
+                  show_progress: bool = True, device: str = "cpu") -> IndexDir:
+    lm = load_model(checkpoint, device)
+    ix = load_index_dir(index_dir, checkpoint_sha256=lm.sha256)
+    next_img = max(ix.images.ids, default=-1) + 1
+    next_cap = max(ix.captions.ids, default=-1) + 1
+    img_vecs, images_meta, txt_vecs, captions_meta, skipped = _corpus_items(lm, images_dir, captions_file, next_img,
+                                                                            next_cap, show_progress)
+    return append_to_index_dir(ix, (img_vecs, images_meta), (txt_vecs, captions_meta), skipped)

@@ -1,0 +1,120 @@
+"""`ltd eval`: metrics of an index directory → report.json + report.md.
+
+Scores are exact (dot products of the stored float32 embeddings), whatever FAISS factory serves the
+index; for approximate factories the report adds the index's recall@10 against exact search.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from indexer.index import IndexDir, IndexDirError
+from indexer.metrics import retrieval_metrics
+from indexer.relevance import cxc_positives, file_relevance, rouge_relevance
+from training.data.convert import write_json_atomic
+
+log = logging.getLogger(__name__)
+
+
+def ground_truth(ix: IndexDir) -> tuple[np.ndarray, np.ndarray]:
+    """(caption_to_image, caption mask): captions whose image was skipped are left out."""
+    if not ix.has_ground_truth:
+        raise IndexDirError(f"{ix.path} is a corpus index without ground truth: nothing to evaluate")
+    c2i = np.asarray(ix.captions.meta["image"], dtype=np.int64)
+    return c2i, c2i >= 0
+
+
+def similarities(ix: IndexDir) -> np.ndarray:
+    return np.asarray(ix.images.vectors) @ np.asarray(ix.captions.vectors).T
+
+
+def index_recall(ix: IndexDir, k: int = 10, n_queries: int = 1000) -> float:
+    """Recall@k of the FAISS caption index against exact search, for image queries."""
+    q = np.asarray(ix.images.vectors[:n_queries])
+    _, approx = ix.captions.index.search(q, k)
+    exact = np.argsort(-(q @ np.asarray(ix.captions.vectors).T), axis=1, kind="stable")[:, :k]
+    return float(np.mean([len(set(a) & set(e)) / k for a, e in zip(approx, exact)]))
+
+
+def evaluate_index(ix: IndexDir, *, relevance: str | None = "rougeL", cxc: bool = False, ndcg_k: int = 25,
+                   show_progress: bool = True) -> dict:
+    t0 = time.time()
+    c2i, mask = ground_truth(ix)
+    sims = similarities(ix)[:, mask]
+    c2i = c2i[mask]
+    rel, rel_name = None, None
+    if relevance:
+        if relevance.lower() in ("rougel", "rouge-l", "rouge"):
+            rel, rel_name = rouge_relevance(ix, show_progress), "rougeL"
+        else:
+            rel = file_relevance(relevance, len(ix.captions.ids), len(ix.images.ids))
+            rel_name = Path(relevance).stem.split(".")[0]
+        rel = rel[mask]
+    i2t_extra = t2i_extra = None
+    if cxc:
+        i2t_all, t2i_all = cxc_positives(ix)
+        keep = np.flatnonzero(mask)
+        remap = -np.ones(len(mask), dtype=np.int64)
+        remap[keep] = np.arange(len(keep))
+        i2t_extra = [remap[e][remap[e] >= 0] for e in i2t_all]
+        t2i_extra = [t2i_all[j] for j in keep]
+    m = retrieval_metrics(sims, c2i, i2t_positives=i2t_extra, t2i_positives=t2i_extra, relevance=rel,
+                          relevance_name=rel_name or "rougeL", ndcg_k=ndcg_k)
+    report = {k: (round(float(v), 4) if isinstance(v, (float, np.floating)) else v) for k, v in m.items()}
+    mf = ix.manifest
+    report["meta"] = {"index": str(ix.path), "name": ix.name, "model": mf.get("model", {}),
+                      "checkpoint": mf.get("checkpoint"), "checkpoint_sha256": mf.get("checkpoint_sha256"),
+                      "dataset": mf.get("dataset"), "shortcuts": mf.get("shortcuts", "none"),
+                      "factory": mf.get("factory"), "ground_truth": "cxc" if cxc else "original",
+                      "relevance": rel_name, "ndcg_k": ndcg_k, "seconds": round(time.time() - t0, 2)}
+    if mf.get("factory", "Flat") != "Flat":
+        report["meta"]["index_recall@10"] = round(index_recall(ix), 4)
+    return report
+
+
+def render_markdown(report: dict) -> str:
+    meta = report["meta"]
+    ds = meta.get("dataset") or {}
+    model = meta.get("model") or {}
+    loss = model.get("loss") or {}
+    lines = [f"# Evaluation: {meta['name']}", "",
+             f"- dataset: {ds.get('name')} / {ds.get('split')} ({report['n_images']} images, "
+             f"{report['n_captions']} captions); ground truth: {meta['ground_truth']}; shortcuts: {meta['shortcuts']}",
+             f"- model: {model.get('train_name')} (contrastive {loss.get('contrastive')}, mode {loss.get('mode')}"
+             + (f", η {loss.get('eta')}" if loss.get("eta") is not None else "")
+             + (f", β {loss.get('beta')}" if loss.get("beta") is not None else "") + ")",
+             f"- checkpoint: `{meta.get('checkpoint')}` (sha256 {str(meta.get('checkpoint_sha256'))[:12]}…)",
+             f"- index: {meta.get('factory')}" + (f" (recall@10 vs exact {meta['index_recall@10']:.3f})"
+                                                    if "index_recall@10" in meta else ""), "",
+             "| direction | R@1 | R@5 | R@10 | med r | mean r | R-P |" + (" nDCG |" if meta.get("relevance") else ""),
+             "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if meta.get("relevance") else "")]
+    for d, label in (("i2t", "image → text"), ("t2i", "text → image")):
+        row = (f"| {label} | {report[f'{d}_R@1']:.1f} | {report[f'{d}_R@5']:.1f} | {report[f'{d}_R@10']:.1f} | "
+               f"{report[f'{d}_medr']:g} | {report[f'{d}_meanr']:.1f} | {report[f'{d}_R-P']:.1f} |")
+        if meta.get("relevance"):
+            key = f"{d}_nDCG@{meta['ndcg_k']}_{meta['relevance']}"
+            row += f" {report[key]:.4f} |"
+        lines.append(row)
+    lines += ["", f"**rsum {report['rsum']:.1f}**", "",
+              "R@k and R-precision in %, nDCG in [0, 1]" + (f" (nDCG@{meta['ndcg_k']} with {meta['relevance']} "
+                                                             "relevance, gain 2^rel − 1)" if meta.get("relevance") else "")
+              + ". i2t R@k counts the best-ranked of an image's captions.", ""]
+    return "\n".join(lines)
+
+
+def write_report(ix: IndexDir, report: dict) -> tuple[Path, Path]:
+    jp = write_json_atomic(ix.path / "report.json", report, indent=2)
+    mp = ix.path / "report.md"
+    tmp = mp.with_suffix(".md.tmp")
+    tmp.write_text(render_markdown(report))
+    tmp.replace(mp)
+    return jp, mp
+
+
+def load_report(index_dir: str | Path) -> dict | None:
+    p = Path(index_dir) / "report.json"
+    return json.loads(p.read_text()) if p.is_file() else None

@@ -1,0 +1,91 @@
+"""Extra ground truth for evaluation: ROUGE-L / file relevance matrices and CxC positives."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from indexer.index import IndexDir, IndexDirError
+
+log = logging.getLogger(__name__)
+
+
+def rouge_relevance(ix: IndexDir, show_progress: bool = True) -> np.ndarray:
+    """(n_captions, n_images) ROUGE-L of each query caption against each image's reference captions,
+    computed once and cached in the index directory."""
+    from indexer.rouge import rouge_l_matrix
+
+    cache = ix.path / "relevance_rougeL.npy"
+    n_cap, n_img = len(ix.captions.ids), len(ix.images.ids)
+    if cache.is_file():
+        rel = np.load(cache)
+        if rel.shape == (n_cap, n_img):
+            return rel
+    texts = ix.captions.meta["texts"]
+    refs = [[texts[j] for j in caps] for caps in ix.images.meta["captions"]]
+    rel = rouge_l_matrix(texts, refs, show_progress=show_progress).astype(np.float32)
+    tmp = cache.with_name(f".{cache.name}.tmp{os.getpid()}.npy")
+    np.save(tmp, rel)
+    os.replace(tmp, cache)
+    return rel
+
+
+def file_relevance(path: str | Path, n_captions: int, n_images: int) -> np.ndarray:
+    """A TERN-format relevance matrix: float32 (captions × images), as ``.npy`` or raw float32 bytes."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"relevance file not found: {path}")
+    if path.suffix == ".npy":
+        rel = np.load(path, mmap_mode="r")
+    else:
+        size = path.stat().st_size
+        if size != 4 * n_captions * n_images:
+            raise IndexDirError(f"{path}: {size} bytes is not a float32 {n_captions}x{n_images} matrix "
+                                f"({4 * n_captions * n_images} bytes)")
+        rel = np.memmap(path, dtype=np.float32, mode="r", shape=(n_captions, n_images))
+    if rel.shape == (n_images, n_captions) and n_images != n_captions:
+        rel = rel.T
+    if rel.shape != (n_captions, n_images):
+        raise IndexDirError(f"{path}: relevance shape {rel.shape} does not match this split "
+                            f"({n_captions} captions x {n_images} images)")
+    return np.asarray(rel, dtype=np.float32)
+
+
+def eccv_data_dir() -> Path:
+    """The id maps shipped by ``eccv-caption`` (found without importing it: its import warns about ujson)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("eccv_caption")
+    if spec is None or not spec.submodule_search_locations:
+        raise IndexDirError("CxC needs the eccv-caption package (pip install eccv-caption)")
+    return Path(list(spec.submodule_search_locations)[0]) / "data"
+
+
+def cxc_positives(ix: IndexDir) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Extra positives from Crisscrossed Captions (CxC) for the COCO 5k test split, from the
+    ``eccv-caption`` package's id maps. Needs COCO image ids (``cocoid``) and caption annotation ids
+    (``annid``) in the index — a Karpathy COCO JSON has the former; ``ltd data convert-coco`` writes both.
+    Returns (i2t extra caption positions per image, t2i extra image positions per caption)."""
+    cocoids = ix.images.meta.get("cocoids")
+    annids = ix.captions.meta.get("annids")
+    if not cocoids or not annids or None in cocoids or None in annids:
+        raise IndexDirError(
+            "CxC needs COCO image ids and caption annotation ids in the index; build it from a JSON made by "
+            "`ltd data convert-coco` (which keeps them) for the COCO 5k test images")
+    data = eccv_data_dir()
+    i2t = json.loads((data / "cxc_image_to_caption.json").read_text())
+    t2i = json.loads((data / "cxc_caption_to_image.json").read_text())
+    img_pos = {int(c): k for k, c in enumerate(cocoids)}
+    cap_pos = {int(a): k for k, a in enumerate(annids)}
+    covered = sum(1 for c in cocoids if str(c) in i2t)
+    if covered == 0:
+        raise IndexDirError("none of the index's images are in the CxC COCO 5k test split")
+    log.info("CxC: %d of %d images have CxC annotations", covered, len(cocoids))
+    i2t_extra = [np.array(sorted(cap_pos[int(a)] for a in i2t.get(str(c), []) if int(a) in cap_pos), dtype=np.int64)
+                 for c in cocoids]
+    t2i_extra = [np.array(sorted(img_pos[int(c)] for c in t2i.get(str(a), []) if int(c) in img_pos), dtype=np.int64)
+                 for a in annids]
+    return i2t_extra, t2i_extra

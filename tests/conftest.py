@@ -1,0 +1,112 @@
+"""Shared fixtures: an isolated cache, small datasets written by the tests themselves, and the
+real Flickr8k copy when LTD_DATA_DIR points at it."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """Feature/target caches of the tests never touch the user's ~/.cache/ltd."""
+    old = os.environ.get("LTD_CACHE_DIR")
+    os.environ["LTD_CACHE_DIR"] = str(tmp_path_factory.mktemp("ltd_cache"))
+    yield
+    if old is None:
+        os.environ.pop("LTD_CACHE_DIR", None)
+    else:
+        os.environ["LTD_CACHE_DIR"] = old
+
+
+def write_karpathy(root: Path, n_images: int = 6, *, name: str = "dataset_test.json", splits=None,
+                   caps_per_image: int = 5, image_size: int = 48, with_images: bool = True, seed: int = 0,
+                   filepath: str | None = None) -> Path:
+    """A small Karpathy-format dataset with real JPEG files; returns the JSON path."""
+    rng = np.random.default_rng(seed)
+    splits = splits or (["train"] * (n_images - 2) + ["val", "test"])
+    words = ["red", "blue", "dog", "cat", "runs", "sits", "on", "grass", "a", "big", "small", "car"]
+    images = []
+    sid = 0
+    img_dir = root / (filepath if filepath is not None else "images")
+    img_dir.mkdir(parents=True, exist_ok=True)
+    for i in range(n_images):
+        fn = f"img{i:03d}.jpg"
+        if with_images:
+            arr = (rng.random((image_size, image_size, 3)) * 255).astype(np.uint8)
+            Image.fromarray(arr).save(img_dir / fn, quality=90)
+        sents = []
+        for _ in range(caps_per_image):
+            toks = list(rng.choice(words, size=int(rng.integers(3, 8))))
+            raw = " ".join(toks).capitalize() + " ."
+            sents.append({"raw": raw, "tokens": toks, "imgid": i, "sentid": sid})
+            sid += 1
+        im = {"filename": fn, "imgid": i, "split": splits[i], "sentids": [s["sentid"] for s in sents], "sentences": sents}
+        if filepath is not None:
+            im["filepath"] = filepath
+        images.append(im)
+    path = root / name
+    path.write_text(json.dumps({"dataset": "test", "images": images}))
+    return path
+
+
+@pytest.fixture
+def small_dataset(tmp_path) -> Path:
+    return write_karpathy(tmp_path, 8)
+
+
+def flickr8k_json() -> Path | None:
+    d = os.environ.get("LTD_DATA_DIR")
+    if not d:
+        return None
+    p = Path(d) / "dataset_flickr8k.json"
+    return p if p.is_file() else None
+
+
+requires_flickr8k = pytest.mark.skipif(flickr8k_json() is None,
+                                       reason="needs the Flickr8k dataset: set LTD_DATA_DIR (CI does)")
+
+
+TINY = ["data.synthetic_images=60", "model.image_size=64", "model.embed_dim=64", "model.text_hidden=64",
+        "model.head_hidden=128", "model.decoder_hidden=128", "train.epochs=2", "train.batch_size=32",
+        "train.log_every=1", "optim.warmup_steps=5", "optim.lr=1e-3"]
+
+
+def tiny_config(mode: str = "none", extra: list[str] | tuple[str, ...] = ()):
+    """A config that trains in seconds on the tiny synthetic dataset."""
+    from training.config import load_config
+
+    sets = list(TINY) + ([f"loss.mode={mode}", "loss.eta=0.5"] if mode != "none" else []) + list(extra)
+    return load_config("synthetic_baseline", sets)
+
+
+@pytest.fixture(scope="session")
+def tiny_index_pair(tmp_path_factory):
+    """Two trained tiny models (baseline, LTD constraint) on the synthetic test split, indexed and
+    evaluated: {"bl": index_dir, "ltd": index_dir, "dataset": json, "runs": {...}}."""
+    from app.cmd_train import train_run
+    from indexer.build import build_dataset_index
+    from indexer.evaluate import evaluate_index, write_report
+    from training.prepare import resolve_dataset_path
+
+    root = tmp_path_factory.mktemp("tiny_pair")
+    out = {"runs": {}}
+    for name, mode in (("bl", "none"), ("ltd", "constraint")):
+        cfg = tiny_config(mode)
+        res = train_run(cfg, root / "runs" / name, show_progress=False)
+        ds = resolve_dataset_path("", synthetic_images=60)
+        ix = build_dataset_index(res.run_dir / "best.pt", ds, "test", root / "indexes" / name, show_progress=False)
+        write_report(ix, evaluate_index(ix, show_progress=False))
+        out[name], out["dataset"] = ix.path, ds
+        out["runs"][name] = res.run_dir
+    return out
