@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -31,7 +32,8 @@ def run_label(run_dir: Path) -> tuple[str, float | None]:
     loss = cfg.get("loss", {})
     mode = loss.get("mode", "none")
     eta = float(loss["eta"]) if mode == "constraint" else None
-    label = run_dir.name
+    # experiment runs live in <label>/seed<k>: the parent names the cell, the folder only the seed
+    label = f"{run_dir.parent.name}/{run_dir.name}" if run_dir.name.startswith("seed") else run_dir.name
     if mode == "constraint":
         label += f" (η={eta:g})"
     elif mode == "dual":
@@ -91,9 +93,15 @@ def figure_from_rows(series: list[tuple[str, float | None, list[dict]]], smooth:
         if pts:
             ax_val.plot(*zip(*pts), marker="o", color=c, label=label)
     ax_lam.set(title="Lagrange multiplier λ", xlabel="step", yscale="log")
+    lam = [y for line in ax_lam.lines for y in line.get_ydata()]
+    if lam and max(lam) / max(min(lam), 1e-12) < 10:  # within one decade: plain tick labels, not 1.02×10⁰
+        plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+        ax_lam.yaxis.set_major_formatter(plain)
+        ax_lam.yaxis.set_minor_formatter(plain)
     ax_rec.set(title="reconstruction loss L_rec (dashed: η)", xlabel="step")
     ax_con.set(title="contrastive loss L_con", xlabel="step")
     ax_val.set(title="validation rsum", xlabel="epoch")
+    ax_val.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     for ax in axes.flat:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:

@@ -51,6 +51,9 @@ def model_identity(path: Path) -> dict:
 def load_sentence_model(path: str = "", device: str = "cpu"):
     offline()
     from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a weight-loading bar per model load is noise, not progress
 
     return SentenceTransformer(str(resolve_sentence_model(path)), device=device)
 

@@ -1,0 +1,26 @@
+"""`ltd experiment --config GRID.yaml [--jobs N]`."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("experiment", help="run a resumable grid of train → index → eval (seeds, sweeps, shortcuts)")
+    p.add_argument("--config", required=True, help="grid YAML (see app/experiment.py and experiments/*.yaml)")
+    p.add_argument("--out", help="output folder (default experiments/<grid name>)")
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes; default 1)")
+    p.set_defaults(func=cmd_experiment)
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from app.experiment import load_grid, run_grid
+
+    if args.jobs < 1:
+        raise ValueError("--jobs must be at least 1")
+    grid = load_grid(args.config)
+    out = Path(args.out) if args.out else Path("experiments") / grid.name
+    res = run_grid(grid, out, n_jobs=args.jobs)
+    print((out / "results.md").read_text())
+    print(f"wrote {out / 'results.json'}, {out / 'results.md'} and plots under {out / 'plots'}")
+    return 0 if res["runs"] else 1

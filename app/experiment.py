@@ -1,0 +1,278 @@
+"""`ltd experiment`: a grid of train → index → eval runs with seeds, sweeps chosen on validation,
+shortcut evaluations, and mean ± std tables.
+
+Grid file (YAML)::
+
+    name: flickr8k_main              # output folder experiments/<name> unless --out
+    base: flickr8k_baseline          # preset or YAML every cell starts from
+    set: [train.epochs=15]           # overrides for every cell
+    seeds: [0, 1, 2]
+    eval_split: test                 # reported split; selection always uses data.val_split
+    eval_shortcuts: [none]           # shortcut settings to evaluate every run with (SVL)
+    cells:
+      - name: baseline
+        set: [loss.mode=none]
+      - name: ltd_constraint
+        set: [loss.mode=constraint]
+        sweep: {loss.eta: [0.1, 0.15, 0.2]}   # chosen on val rsum (mean over the sweep seeds)
+        sweep_seeds: [0]                        # seeds used for the sweep (default: the first seed)
+
+A sweep first trains every value with ``sweep_seeds`` and evaluates on val; the best value is then
+trained with all ``seeds`` and reported on ``eval_split``. The test split is never used to choose.
+Every step is skipped when its result exists, so an interrupted grid resumes where it stopped.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from training.config import ConfigError, load_config
+
+log = logging.getLogger("ltd.experiment")
+
+REPORT_KEYS = ["i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10", "rsum", "i2t_R-P", "t2i_R-P",
+               "t2i_nDCG@25_rougeL", "i2t_nDCG@25_rougeL"]
+
+
+@dataclass
+class Job:
+    cell: str
+    seed: int
+    overrides: list[str]
+    run_dir: str
+    index_root: str
+    eval_splits: list[str]
+    eval_shortcuts: list[str]
+    relevance: str | None
+    base: str
+    label: str = ""
+    sweep_value: object = None
+
+
+@dataclass
+class Grid:
+    name: str
+    base: str
+    common: list[str]
+    seeds: list[int]
+    eval_split: str
+    eval_shortcuts: list[str]
+    cells: list[dict]
+    relevance: str | None = "rougeL"
+    raw: dict = field(default_factory=dict)
+
+
+def load_grid(path: str | Path) -> Grid:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"grid file not found: {path}")
+    try:
+        g = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    known = {"name", "base", "set", "seeds", "eval_split", "eval_shortcuts", "cells", "relevance"}
+    unknown = set(g) - known
+    if unknown:
+        raise ConfigError(f"{path}: unknown grid keys {sorted(unknown)}; valid: {sorted(known)}")
+    if not g.get("cells"):
+        raise ConfigError(f"{path}: a grid needs a non-empty 'cells' list")
+    names = [c.get("name") for c in g["cells"]]
+    if not all(names) or len(set(names)) != len(names):
+        raise ConfigError(f"{path}: every cell needs a unique 'name' (got {names})")
+    for c in g["cells"]:
+        extra = set(c) - {"name", "set", "sweep", "sweep_seeds", "seeds"}
+        if extra:
+            raise ConfigError(f"{path}: cell {c['name']}: unknown keys {sorted(extra)}")
+        if c.get("sweep") and len(c["sweep"]) != 1:
+            raise ConfigError(f"{path}: cell {c['name']}: sweep one parameter at a time")
+    grid = Grid(name=g.get("name", path.stem), base=g.get("base", "synthetic_baseline"), common=list(g.get("set", [])),
+                seeds=[int(s) for s in g.get("seeds", [0])], eval_split=g.get("eval_split", "test"),
+                eval_shortcuts=list(g.get("eval_shortcuts", ["none"])), cells=g["cells"],
+                relevance=g.get("relevance", "rougeL"), raw=g)
+    for c in grid.cells:  # validate every cell's config up front: fail before hours of training
+        for v in (list(c["sweep"].values())[0] if c.get("sweep") else [None]):
+            load_config(grid.base, grid.common + list(c.get("set", [])) +
+                        ([f"{list(c['sweep'])[0]}={v}"] if v is not None else []))
+    return grid
+
+
+def _value_tag(v: object) -> str:
+    return str(v).replace("/", "_").replace(" ", "")
+
+
+def _run_job(job: Job) -> dict:
+    """Train → index (val + eval split, each eval shortcut) → eval. Runs in a worker process."""
+    from app.pipeline import ensure_evaluated, ensure_indexed, ensure_trained
+    from training.prepare import resolve_dataset_path
+
+    t0 = time.time()
+    cfg = load_config(job.base, job.overrides)
+    best = ensure_trained(cfg, Path(job.run_dir), show_progress=False)
+    ds = resolve_dataset_path(cfg.data.path, cache_dir=cfg.data.cache_dir, synthetic_images=cfg.data.synthetic_images,
+                              synthetic_seed=cfg.data.synthetic_seed, show_progress=False)
+    out = {"cell": job.cell, "seed": job.seed, "label": job.label, "sweep_value": job.sweep_value,
+           "run_dir": job.run_dir, "reports": {}}
+    for split in job.eval_splits:
+        for sc in job.eval_shortcuts:
+            if sc != "none" and cfg.data.shortcuts == "none":
+                continue  # shortcut evaluation only makes sense for runs trained with shortcuts
+            tag = split if sc == "none" else f"{split}_sc-{_value_tag(sc)}"
+            ix = ensure_indexed(best, ds, split, Path(job.index_root) / tag, shortcuts=sc, show_progress=False)
+            rep = ensure_evaluated(ix, relevance=job.relevance if split != cfg.data.val_split else None,
+                                   show_progress=False)
+            out["reports"][tag] = {k: rep[k] for k in REPORT_KEYS if k in rep}
+    out["wall_s"] = round(time.time() - t0, 1)
+    return out
+
+
+def _run_all(jobs: list[Job], n_jobs: int) -> list[dict]:
+    if n_jobs <= 1 or len(jobs) <= 1:
+        results = []
+        for i, j in enumerate(jobs, 1):
+            log.info("[%d/%d] %s seed %d", i, len(jobs), j.label or j.cell, j.seed)
+            results.append(_run_job(j))
+        return results
+    threads = max(1, (os.cpu_count() or 1) // n_jobs)
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by the worker processes
+    with ProcessPoolExecutor(n_jobs) as ex:
+        return list(ex.map(_run_job, jobs))
+
+
+def _stats(values: list[float]) -> dict:
+    arr = np.asarray(values, dtype=float)
+    return {"mean": float(arr.mean()), "std": float(arr.std(ddof=1)) if len(arr) > 1 else 0.0, "n": int(len(arr)),
+            "values": [round(float(v), 4) for v in arr]}
+
+
+def run_grid(grid: Grid, out: Path, n_jobs: int = 1) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "grid.yaml").write_text(yaml.safe_dump(grid.raw, sort_keys=False))
+    base_cfg = load_config(grid.base, grid.common)
+    val_split = base_cfg.data.val_split
+
+    def job(cell: str, seed: int, sets: list[str], label: str, value=None) -> Job:
+        return Job(cell=cell, seed=seed, overrides=grid.common + sets + [f"train.seed={seed}", f"train.name={label}"],
+                   run_dir=str(out / "runs" / label / f"seed{seed}"), index_root=str(out / "indexes" / label / f"seed{seed}"),
+                   eval_splits=[val_split, grid.eval_split], eval_shortcuts=grid.eval_shortcuts,
+                   relevance=grid.relevance, base=grid.base, label=label, sweep_value=value)
+
+    # Phase 1: sweeps on their sweep seeds, chosen on val.
+    selection: dict[str, dict] = {}
+    sweep_jobs = []
+    for c in grid.cells:
+        if c.get("sweep"):
+            (param, values), = c["sweep"].items()
+            for v in values:
+                for s in c.get("sweep_seeds", grid.seeds[:1]):
+                    sweep_jobs.append(job(c["name"], s, list(c.get("set", [])) + [f"{param}={v}"],
+                                          f"{c['name']}@{param.split('.')[-1]}={_value_tag(v)}", v))
+    sweep_results = _run_all(sweep_jobs, n_jobs)
+    for c in grid.cells:
+        if c.get("sweep"):
+            (param, values), = c["sweep"].items()
+            by_v = {v: [r["reports"][val_split]["rsum"] for r in sweep_results
+                        if r["cell"] == c["name"] and r["sweep_value"] == v] for v in values}
+            means = {str(v): float(np.mean(x)) for v, x in by_v.items()}
+            chosen = max(values, key=lambda v: np.mean(by_v[v]))
+            selection[c["name"]] = {"param": param, "val_rsum": means, "chosen": chosen}
+            log.info("%s: chose %s=%s on %s rsum %s", c["name"], param, chosen, val_split, means)
+    # Phase 2: every cell with all its seeds (a chosen sweep value reuses its sweep runs).
+    main_jobs = []
+    for c in grid.cells:
+        sets = list(c.get("set", []))
+        label = c["name"]
+        value = None
+        if c["name"] in selection:
+            sel = selection[c["name"]]
+            value = sel["chosen"]
+            sets += [f"{sel['param']}={value}"]
+            label = f"{c['name']}@{sel['param'].split('.')[-1]}={_value_tag(value)}"
+        for s in c.get("seeds", grid.seeds):
+            main_jobs.append(job(c["name"], s, sets, label, value))
+    main_results = _run_all(main_jobs, n_jobs)
+    summary: dict[str, dict] = {}
+    for c in grid.cells:
+        rs = [r for r in main_results if r["cell"] == c["name"]]
+        tags = sorted({t for r in rs for t in r["reports"]})
+        summary[c["name"]] = {t: {k: _stats([r["reports"][t][k] for r in rs if k in r["reports"][t]])
+                                  for k in REPORT_KEYS if all(k in r["reports"][t] for r in rs)} for t in tags}
+    results = {"name": grid.name, "base": grid.base, "common": grid.common, "seeds": grid.seeds,
+               "eval_split": grid.eval_split, "val_split": val_split, "selection": selection,
+               "sweep_runs": sweep_results, "runs": main_results, "summary": summary,
+               "machine": machine_description(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+    from training.data.convert import write_json_atomic
+    write_json_atomic(out / "results.json", results, indent=2, default=str)
+    (out / "results.md").write_text(render_results(results))
+    plot_groups(results, out)
+    return results
+
+
+def machine_description() -> dict:
+    import platform
+
+    import torch
+    cpu = "?"
+    try:
+        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def _fmt(st: dict | None, digits: int = 1) -> str:
+    if not st:
+        return "–"
+    return f"{st['mean']:.{digits}f} ± {st['std']:.{digits}f}" if st["n"] > 1 else f"{st['mean']:.{digits}f}"
+
+
+def render_results(results: dict) -> str:
+    split = results["eval_split"]
+    lines = [f"# Experiment {results['name']}", "",
+             f"base `{results['base']}`, common overrides `{' '.join(results['common']) or '–'}`, seeds "
+             f"{results['seeds']}; {split} split, mean ± std over seeds (sample std). Machine: "
+             f"{results['machine']['cpu']} ({results['machine']['cores']} cores).", ""]
+    if results["selection"]:
+        lines += ["## Chosen on validation", "", "| cell | parameter | val rsum per value | chosen |", "|---|---|---|---|"]
+        for cell, sel in results["selection"].items():
+            vals = ", ".join(f"{k}: {v:.1f}" for k, v in sel["val_rsum"].items())
+            lines.append(f"| {cell} | {sel['param']} | {vals} | **{sel['chosen']}** |")
+        lines.append("")
+    tags = sorted({t for s in results["summary"].values() for t in s if t != results["val_split"]})
+    for tag in tags:
+        lines += [f"## {tag}", "", "| cell | i2t R@1 | i2t R@5 | i2t R@10 | t2i R@1 | t2i R@5 | t2i R@10 | rsum | "
+                  "i2t R-P | t2i nDCG (ROUGE-L) |", "|---|" + "---:|" * 9]
+        for cell, s in results["summary"].items():
+            m = s.get(tag)
+            if not m:
+                continue
+            lines.append(f"| {cell} | " + " | ".join(_fmt(m.get(k)) for k in REPORT_KEYS[:8]) + " | "
+                         + _fmt(m.get("t2i_nDCG@25_rougeL"), 4) + " |")
+        lines.append("")
+    lines += ["Every number comes from `results.json` next to this file; per-run reports are under `indexes/`.", ""]
+    return "\n".join(lines)
+
+
+def plot_groups(results: dict, out: Path) -> list[Path]:
+    """Overlaid training curves: one figure per cell with its seeds, one per sweep with its values."""
+    from training.plots import plot_runs
+
+    paths = []
+    groups: dict[str, list[Path]] = {}
+    for r in results["runs"]:
+        groups.setdefault(r["cell"], []).append(Path(r["run_dir"]))
+    for r in results["sweep_runs"]:
+        groups.setdefault(f"{r['cell']}_sweep", []).append(Path(r["run_dir"]))
+    for name, runs in groups.items():
+        runs = sorted(set(runs))
+        dest = out / "plots" / name
+        paths += plot_runs(runs, dest)
+    return paths

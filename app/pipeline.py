@@ -1,0 +1,97 @@
+"""train → index → eval, each step skipped when its result is already there and still valid.
+
+Shared by `ltd demo` and `ltd experiment`: re-running reuses finished work, and a run killed in the
+middle resumes from its last checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import yaml
+
+from indexer.index import IndexDir, IndexDirError, load_index_dir, read_manifest
+from training.checkpoint import load_checkpoint, sha256_file
+from training.config import Config
+
+log = logging.getLogger(__name__)
+
+
+def run_state(cfg: Config, run_dir: Path) -> str:
+    """``done`` (finished with this config), ``partial`` (resumable), ``absent`` or ``conflict``."""
+    ckpt, saved = run_dir / "checkpoint.pt", run_dir / "config.yaml"
+    if not ckpt.is_file():
+        return "absent"
+    if not saved.is_file() or yaml.safe_load(saved.read_text()) != cfg.to_dict():
+        return "conflict"
+    meta = load_checkpoint(ckpt)
+    done = meta["epoch"] >= cfg.train.epochs and meta.get("step_in_epoch", 0) == 0
+    return "done" if done and (run_dir / "best.pt").is_file() else "partial"
+
+
+def ensure_trained(cfg: Config, run_dir: Path, *, show_progress: bool = True) -> Path:
+    """The run's best.pt, training or resuming only when needed."""
+    from app.cmd_train import train_run
+
+    state = run_state(cfg, run_dir)
+    if state == "conflict":
+        raise FileExistsError(f"{run_dir} holds a run with a different config; delete it or choose another output folder")
+    if state == "done":
+        log.info("reusing finished run %s", run_dir)
+    else:
+        log.info("%s run %s", "resuming" if state == "partial" else "training", run_dir)
+        train_run(cfg, run_dir, resume=state == "partial", show_progress=show_progress)
+    return run_dir / "best.pt"
+
+
+def ensure_indexed(checkpoint: Path, dataset: str | Path, split: str, index_dir: Path, *, shortcuts: str = "none",
+                   factory: str = "Flat", show_progress: bool = True) -> IndexDir:
+    from indexer.build import build_dataset_index
+
+    sha = sha256_file(checkpoint)
+    if (index_dir / "manifest.json").is_file():
+        try:
+            m = read_manifest(index_dir)
+            same = (m.get("checkpoint_sha256") == sha and (m.get("dataset") or {}).get("split") == split
+                    and m.get("shortcuts", "none") == shortcuts and m.get("factory") == factory)
+            if same:
+                log.info("reusing index %s", index_dir)
+                return load_index_dir(index_dir, checkpoint_sha256=sha)
+        except IndexDirError as e:
+            log.warning("rebuilding %s: %s", index_dir, e)
+    return build_dataset_index(checkpoint, dataset, split, index_dir, factory=factory, shortcuts=shortcuts,
+                               overwrite=True, show_progress=show_progress)
+
+
+def ensure_evaluated(ix: IndexDir, *, relevance: str | None = "rougeL", show_progress: bool = True) -> dict:
+    from indexer.evaluate import evaluate_index, write_report
+
+    p = ix.path / "report.json"
+    if p.is_file():
+        rep = json.loads(p.read_text())
+        meta = rep.get("meta", {})
+        if meta.get("checkpoint_sha256") == ix.manifest.get("checkpoint_sha256") and meta.get("relevance") == (
+                "rougeL" if relevance and relevance.lower().startswith("rouge") else relevance):
+            return rep
+    rep = evaluate_index(ix, relevance=relevance, show_progress=show_progress)
+    write_report(ix, rep)
+    return rep
+
+
+def comparison_table(reports: dict[str, dict], ndcg_k: int = 25) -> str:
+    """Markdown: one row per metric, one column per model, plus the difference of the last two."""
+    names = list(reports)
+    keys = ["i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10", "rsum", "i2t_R-P", "t2i_R-P",
+            f"i2t_nDCG@{ndcg_k}_rougeL", f"t2i_nDCG@{ndcg_k}_rougeL"]
+    keys = [k for k in keys if all(k in r for r in reports.values())]
+    head = "| metric | " + " | ".join(names) + (f" | Δ ({names[-1]} − {names[0]}) |" if len(names) > 1 else " |")
+    lines = [head, "|---|" + "---:|" * (len(names) + (1 if len(names) > 1 else 0))]
+    for k in keys:
+        vals = [reports[n][k] for n in names]
+        fmt = "{:.4f}" if "nDCG" in k else "{:.1f}"
+        row = f"| {k} | " + " | ".join(fmt.format(v) for v in vals)
+        if len(names) > 1:
+            row += " | " + ("{:+.4f}" if "nDCG" in k else "{:+.1f}").format(vals[-1] - vals[0])
+        lines.append(row + " |")
+    return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""End-to-end: `ltd demo --no-serve` and `ltd experiment` (tiny grid, resume)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from conftest import TINY
+
+
+@pytest.mark.slow
+def test_demo_no_serve_prints_table_and_reuses(tmp_path, capsys, monkeypatch):
+    from app.cli import main
+
+    monkeypatch.delenv("LTD_DATA_DIR", raising=False)
+    args = ["demo", "--out", str(tmp_path / "demo"), "--no-serve", "--no-progress"]
+    for s in TINY:
+        args += ["--set", s]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "| metric | bl | ltd | Δ (ltd − bl) |" in out and "| rsum |" in out
+    assert "Queries where the two models disagree most" in out
+    root = tmp_path / "demo" / "synthetic"
+    for n in ("bl", "ltd"):
+        assert (root / "runs" / n / "best.pt").is_file()
+        assert json.loads((root / "indexes" / n / "report.json").read_text())["meta"]["relevance"] == "rougeL"
+    mtimes = {p: p.stat().st_mtime for p in root.rglob("*.pt")}
+    assert main(args) == 0  # re-running reuses everything
+    assert "reusing" not in capsys.readouterr().out  # (logged, not printed)
+    assert {p: p.stat().st_mtime for p in root.rglob("*.pt")} == mtimes
+
+
+@pytest.mark.slow
+def test_experiment_grid_runs_and_resumes(tmp_path, capsys):
+    from app.cli import main
+
+    grid = {"name": "tiny", "base": "synthetic_baseline", "set": TINY + ["train.epochs=1"], "seeds": [0, 1],
+            "cells": [{"name": "baseline", "set": ["loss.mode=none"]},
+                      {"name": "ltd", "set": ["loss.mode=constraint"], "sweep": {"loss.eta": [0.3, 0.6]}}]}
+    gpath = tmp_path / "grid.yaml"
+    gpath.write_text(yaml.safe_dump(grid))
+    out = tmp_path / "exp"
+    assert main(["experiment", "--config", str(gpath), "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    sel = res["selection"]["ltd"]
+    assert sel["param"] == "loss.eta" and sel["chosen"] in (0.3, 0.6)
+    assert sel["chosen"] == max((0.3, 0.6), key=lambda v: sel["val_rsum"][str(v)])  # chosen on val, not test
+    assert {(r["cell"], r["seed"]) for r in res["runs"]} == {("baseline", 0), ("baseline", 1), ("ltd", 0), ("ltd", 1)}
+    s = res["summary"]["baseline"]["test"]["rsum"]
+    assert s["n"] == 2 and s["values"] == [r["reports"]["test"]["rsum"] for r in res["runs"] if r["cell"] == "baseline"]
+    md = (out / "results.md").read_text()
+    assert "| baseline |" in md and "± " in md and "**" in md
+    assert list((out / "plots").rglob("curves.png"))
+    # resume: a second invocation trains nothing (checkpoints untouched) and reproduces the results
+    mtimes = {p: p.stat().st_mtime for p in out.rglob("checkpoint.pt")}
+    assert len(mtimes) == 2 * 2 + 1  # 2 sweep values × seed 0 (one reused by the main phase) + seed 1 for each cell
+    assert main(["experiment", "--config", str(gpath), "--out", str(out)]) == 0
+    assert {p: p.stat().st_mtime for p in out.rglob("checkpoint.pt")} == mtimes
+    res2 = json.loads((out / "results.json").read_text())
+    assert res2["summary"] == res["summary"]
+
+
+def test_experiment_grid_validation(tmp_path):
+    from app.experiment import load_grid
+    from training.config import ConfigError
+
+    p = tmp_path / "g.yaml"
+    p.write_text(yaml.safe_dump({"cells": [{"name": "a", "set": ["loss.mode=nope"]}]}))
+    with pytest.raises(ConfigError, match="loss.mode='nope' is not valid"):
+        load_grid(p)
+    p.write_text(yaml.safe_dump({"cells": [{"name": "a"}, {"name": "a"}]}))
+    with pytest.raises(ConfigError, match="unique 'name'"):
+        load_grid(p)
+    p.write_text(yaml.safe_dump({"cellz": []}))
+    with pytest.raises(ConfigError, match="unknown grid keys"):
+        load_grid(p)
