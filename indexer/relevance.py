@@ -15,7 +15,8 @@ log = logging.getLogger(__name__)
 
 def rouge_relevance(ix: IndexDir, show_progress: bool = True) -> np.ndarray:
     """(n_captions, n_images) ROUGE-L of each query caption against each image's reference captions,
-    computed once and cached in the index directory."""
+    computed exactly as TERN does (coco-caption's ROUGE-L: best precision and best recall over the
+    references, F-beta 1.2), so nDCG is comparable with published numbers; cached in the index."""
     from indexer.rouge import rouge_l_matrix
 
     cache = ix.path / "relevance_rougeL.npy"
@@ -26,7 +27,7 @@ def rouge_relevance(ix: IndexDir, show_progress: bool = True) -> np.ndarray:
             return rel
     texts = ix.captions.meta["texts"]
     refs = [[texts[j] for j in caps] for caps in ix.images.meta["captions"]]
-    rel = rouge_l_matrix(texts, refs, show_progress=show_progress).astype(np.float32)
+    rel = rouge_l_matrix(texts, refs, aggregate="tern", show_progress=show_progress).astype(np.float32)
     tmp = cache.with_name(f".{cache.name}.tmp{os.getpid()}.npy")
     np.save(tmp, rel)
     os.replace(tmp, cache)

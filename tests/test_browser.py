@@ -1,0 +1,255 @@
+"""The UI in a real browser: a server in a subprocess, headless Chromium driven by Playwright.
+
+Runs a text search and a compare (and opens an Explorer row and the Training tab), checks that the
+result images really load and that both compare columns render, and saves screenshots to
+artifacts/screenshots/ for people to look at.
+
+The server is ``ltd serve`` when it mounts the UI; when it does not (the app is still being wired),
+the same REST app (``app.main.create_app`` with ``ui=False``) plus this UI mounted here — see
+``serve_fallback`` — so the test still exercises the UI over the real thumbnail route.
+
+Run this file as a script (``python tests/test_browser.py --port P --model bl=DIR ...``) to start that
+fallback server by hand.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "artifacts" / "screenshots"
+CHROMIUM = "/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else shutil.which("chromium")
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", "--no-first-run"]
+STARTUP_S = 90  # a shared 2-core machine: importing torch + gradio and loading two models takes a while
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def _start(cmd: list[str], port: int, log: Path) -> tuple[subprocess.Popen, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", GRADIO_ANALYTICS_ENABLED="False")
+    fh = log.open("w")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + STARTUP_S
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            fh.close()
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        if _status(base + "/api/health") == 200:
+            return proc, base
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"server not healthy after {STARTUP_S} s:\n{log.read_text()[-3000:]}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_index_pair, tmp_path_factory):
+    if CHROMIUM is None:
+        pytest.skip("needs Chromium at /usr/bin/chromium or on PATH (`make browser-deps` installs it)")
+    pytest.importorskip("playwright.sync_api", reason="needs the playwright package (pip install -e '.[test]')")
+    logs = tmp_path_factory.mktemp("server")
+    models = [f"bl={tiny_index_pair['bl']}", f"ltd={tiny_index_pair['ltd']}"]
+    model_args = [a for m in models for a in ("--model", m)]
+    proc = None
+    if (ROOT / "app" / "cmd_serve.py").is_file():
+        port = _free_port()
+        proc, base = _start([sys.executable, "-m", "app.cli", "serve", *model_args, "--port", str(port)], port,
+                            logs / "serve.log")
+        if _status(base + "/ui/") != 200:
+            warnings.warn("`ltd serve` does not mount the UI at /ui (app/main.py must mount ui.blocks.build_ui "
+                          "with theme=THEME, css=CSS): testing the UI on the fallback server instead")
+            _stop(proc)
+            proc = None
+    if proc is None:
+        port = _free_port()
+        proc, base = _start([sys.executable, str(Path(__file__).resolve()), "--port", str(port), *model_args], port,
+                            logs / "fallback.log")
+    yield base
+    _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    from playwright.sync_api import sync_playwright
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        pg.set_default_timeout(30_000)
+        errors: list[str] = []
+        pg.on("pageerror", lambda e: errors.append(str(e)))
+        pg.goto(server + "/ui/", wait_until="load")
+        pg.wait_for_selector(".ltd-chip b", timeout=60_000)  # the header once models are ready
+        pg.errors = errors  # type: ignore[attr-defined]
+        yield pg
+        browser.close()
+
+
+def _loaded_images(pg, selector: str, expected: int, timeout_s: float = 20) -> int:
+    """How many <img> under ``selector`` have loaded (naturalWidth > 0), waiting for ``expected``."""
+    js = f"""() => Array.from(document.querySelectorAll({selector!r}))
+                 .filter(i => i.complete && i.naturalWidth > 0).length"""
+    deadline = time.time() + timeout_s
+    n = 0
+    while time.time() < deadline:
+        n = pg.evaluate(js)
+        if n >= expected:
+            break
+        time.sleep(0.25)
+    return n
+
+
+def test_text_search_renders_images(page):
+    page.get_by_role("tab", name="Search", exact=True).click()
+    page.click("#search-random")
+    page.wait_for_selector("#search-text-results .ltd-card img")
+    cards = page.locator("#search-text-results .ltd-card").count()
+    assert cards >= 5  # the tiny test split has 6 images, k = 10
+    assert _loaded_images(page, "#search-text-results .ltd-card img", cards) == cards
+    # a dataset caption: exactly one ground-truth image, outlined and marked
+    assert page.locator("#search-text-results .ltd-card.gt").count() == 1
+    assert page.locator("#search-text-results .ltd-card.gt .ltd-badge").inner_text() == "✓"
+    assert "1st GT rank" in page.locator("#search-text-results .ltd-metrics").inner_text()
+    page.screenshot(path=str(SHOTS / "search_text.png"), full_page=True)
+
+
+def test_image_search_renders_captions(page):
+    page.get_by_role("tab", name="Search", exact=True).click()
+    page.get_by_label("Image → captions", exact=True).check()
+    page.locator("#search-gallery img").first.click()
+    page.wait_for_selector("#search-image-results .ltd-cap")
+    assert page.locator("#search-image-results .ltd-cap").count() == 10
+    assert page.locator("#search-image-results .ltd-cap.gt").count() >= 1
+    assert _loaded_images(page, "#search-image-results .ltd-qimg", 1) == 1
+    page.screenshot(path=str(SHOTS / "search_image.png"), full_page=True)
+
+
+def test_compare_renders_both_columns(page):
+    page.get_by_role("tab", name="Compare", exact=True).click()
+    page.click("#compare-random")
+    page.wait_for_selector("#compare-results .ltd-col .ltd-card img")
+    heads = page.locator("#compare-results .ltd-col-head h3").all_inner_texts()
+    assert heads == ["bl", "ltd"]
+    cards = page.locator("#compare-results .ltd-col .ltd-card").count()
+    assert cards >= 10  # two columns of 5+ images
+    assert _loaded_images(page, "#compare-results .ltd-col .ltd-card img", cards) == cards
+    assert page.locator("#compare-results .ltd-col:nth-child(1) .ltd-card.gt").count() == 1
+    assert page.locator("#compare-results .ltd-col:nth-child(2) .ltd-card.gt").count() == 1
+    assert "shared" in page.locator("#compare-results .ltd-overlap").inner_text()
+    page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
+
+
+def test_explorer_row_opens_compare(page):
+    page.get_by_role("tab", name="Explorer", exact=True).click()
+    page.wait_for_selector("#explorer-summary .ltd-explorer-sum")
+    page.wait_for_selector('#explorer-table [data-testid="cell-0-2"]')
+    page.screenshot(path=str(SHOTS / "explorer.png"), full_page=True)
+    direction = page.locator('#explorer-table [data-testid="cell-0-0"]').inner_text().strip()
+    query_id = page.locator('#explorer-table [data-testid="cell-0-1"]').inner_text().strip()
+    page.locator('#explorer-table [data-testid="cell-0-2"]').click()
+    page.wait_for_selector("#compare-results .ltd-col", state="visible")
+    page.wait_for_function("() => document.querySelector('#compare-results .ltd-tag') && "
+                           f"document.querySelector('#compare-results .ltd-tag').textContent.includes('#{query_id}')")
+    tag = page.locator("#compare-results .ltd-query .ltd-tag").first.inner_text()
+    assert ("dataset image" if direction == "i2t" else "dataset caption") in tag
+    assert page.locator("#compare-results .ltd-col").count() == 2
+    page.screenshot(path=str(SHOTS / "explorer_to_compare.png"), full_page=True)
+
+
+def test_training_tab_shows_report_and_curves(page):
+    page.get_by_role("tab", name="Training", exact=True).click()
+    page.wait_for_selector("#training-plot img", timeout=30_000)
+    assert "rsum" in page.locator("#training-report").inner_text()
+    page.screenshot(path=str(SHOTS / "training.png"), full_page=True)
+    assert not page.errors, page.errors  # type: ignore[attr-defined]
+
+
+# ---- the fallback server ----------------------------------------------------------------------
+def serve_fallback(models: dict[str, str], port: int) -> None:
+    """The REST app without its own UI, plus this UI mounted the way create_app should mount it."""
+    import threading
+
+    import gradio as gr
+    import uvicorn
+
+    from ui.blocks import build_ui
+    from ui.theme import CSS, THEME
+
+    try:
+        from app.main import create_app
+        from app.settings import Settings
+
+        app = create_app(Settings(models=models, ui=False))
+        service = app.state.service
+    except ImportError:  # no REST app yet: the two routes the UI needs
+        from fastapi import FastAPI, Response
+
+        from app.service import SearchService, ServiceError
+
+        service = SearchService(models)
+        threading.Thread(target=service.load, daemon=True).start()
+        app = FastAPI()
+
+        @app.get("/api/health")
+        def health():
+            ok = service.ready.is_set()
+            return Response('{"status": "ok"}' if ok else '{"status": "loading"}', status_code=200 if ok else 503,
+                            media_type="application/json")
+
+        @app.get("/api/images/{image_id}/thumbnail")
+        def thumbnail(image_id: int, size: int = 256, model: str | None = None):
+            try:
+                return Response(service.thumbnail(image_id, size, model or None), media_type="image/jpeg")
+            except ServiceError as e:
+                return Response(e.detail, status_code=e.status)
+
+    app = gr.mount_gradio_app(app, build_ui(service), path="/ui", theme=THEME, css=CSS)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    sys.path.insert(0, str(ROOT))
+    ap = argparse.ArgumentParser(description="serve the UI (fallback server of the browser test)")
+    ap.add_argument("--port", type=int, default=7860)
+    ap.add_argument("--model", action="append", default=[], metavar="NAME=INDEX_DIR")
+    a = ap.parse_args()
+    serve_fallback(dict(m.split("=", 1) for m in a.model), a.port)

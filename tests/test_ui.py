@@ -1,0 +1,359 @@
+"""The UI's event handlers (ui/handlers.py) on two tiny trained models, without a browser, and the
+Blocks app's construction (ui/blocks.py)."""
+from __future__ import annotations
+
+import json
+import re
+
+import matplotlib
+import pytest
+
+from app.service import SearchService
+from ui import handlers as h
+
+THUMBS = h.url_thumbs()
+
+
+@pytest.fixture(scope="module")
+def svc(tiny_index_pair) -> SearchService:
+    s = SearchService({"bl": tiny_index_pair["bl"], "ltd": tiny_index_pair["ltd"]})
+    s.load()
+    return s
+
+
+@pytest.fixture(scope="module")
+def one(tiny_index_pair) -> SearchService:
+    s = SearchService({"bl": tiny_index_pair["bl"]})
+    s.load()
+    return s
+
+
+@pytest.fixture(scope="module")
+def loading(tiny_index_pair) -> SearchService:
+    return SearchService({"bl": tiny_index_pair["bl"], "ltd": tiny_index_pair["ltd"]})  # never loaded
+
+
+@pytest.fixture(scope="module")
+def caption(svc) -> dict:
+    return svc.sample_captions("bl", 1, seed=3)[0]
+
+
+def n_class(html: str, cls: str) -> int:
+    """How many elements carry exactly this class list start, e.g. 'ltd-card gt'."""
+    return len(re.findall(rf'class="{re.escape(cls)}"', html))
+
+
+# ---- Search ------------------------------------------------------------------------------------
+def test_text_search_with_dataset_caption_marks_ground_truth(svc, caption):
+    html = h.search_text(svc, "bl", caption["text"], caption, 10, THUMBS)
+    n_images = svc.model_info("bl")["counts"]["images"]
+    assert html.count('<figure class="ltd-card') == min(10, n_images)
+    assert n_class(html, "ltd-card gt") == 1  # one ground-truth image per caption
+    assert n_class(html, "ltd-card miss") == min(10, n_images) - 1
+    assert f"dataset caption #{caption['id']}" in html
+    assert "1st GT rank" in html and "P@" in html and "nDCG@" in html
+    assert f"/api/images/{caption['image_id']}/thumbnail?size=" in html  # ground truth shown in the banner
+
+
+def test_text_search_free_text_has_no_ground_truth(svc):
+    html = h.search_text(svc, "ltd", "a red square on a striped background", None, 5, THUMBS)
+    assert html.count('<figure class="ltd-card neutral"') == 5
+    assert "ltd-card gt" not in html and "ltd-card miss" not in html
+    assert "free text" in html and "no ground truth" in html
+
+
+def test_edited_caption_becomes_free_text(svc, caption):
+    assert h.text_query(caption["text"], caption) == {"caption_id": caption["id"]}
+    assert h.text_query("  " + caption["text"].upper() + "  ", caption) == {"query": caption["text"].upper()}
+    assert h.text_query(caption["text"] + " ", caption) == {"caption_id": caption["id"]}
+
+
+@pytest.mark.parametrize("text", ["", "   ", None])
+def test_empty_text_query_gives_a_message(svc, text):
+    html = h.search_text(svc, "bl", text, None, 10, THUMBS)
+    assert "ltd-error" in html and "Type a query" in html
+    assert "Traceback" not in html
+
+
+def test_query_text_is_escaped(svc):
+    html = h.search_text(svc, "bl", '<script>alert("x")</script> dog', None, 3, THUMBS)
+    assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def test_image_search_by_dataset_id_marks_ground_truth_captions(svc, caption):
+    html = h.search_image(svc, "bl", caption["image_id"], None, 10, THUMBS)
+    assert html.count('<li class="ltd-cap') == 10
+    assert n_class(html, "ltd-cap gt") >= 1
+    assert f"dataset image #{caption['image_id']}" in html
+    assert "ground-truth captions" in html  # the query's own captions are listed
+    same = h.search_image(svc, "bl", str(caption["image_id"]), None, 10, THUMBS)  # a textbox value
+    assert re.sub(r"\d+ ms", "", same) == re.sub(r"\d+ ms", "", html)
+
+
+def test_image_search_by_upload(svc, tiny_index_pair, tmp_path, caption):
+    path = svc.image_path(caption["image_id"], "bl")
+    html = h.search_image(svc, "bl", None, str(path), 5, THUMBS)
+    assert html.count('<li class="ltd-cap neutral"') == 5
+    assert "uploaded image" in html and "data:image/jpeg;base64," in html  # a preview of the upload
+
+
+@pytest.mark.parametrize("image_id, upload, message", [
+    (999_999, None, "not in"),
+    ("abc", None, "whole number"),
+    (None, None, "Pick a dataset image"),
+    ("", None, "Pick a dataset image"),
+])
+def test_image_search_bad_input_gives_a_message(svc, image_id, upload, message):
+    html = h.search_image(svc, "bl", image_id, upload, 10, THUMBS)
+    assert "ltd-error" in html and message in html
+    assert "Traceback" not in html
+
+
+def test_bad_and_empty_uploads_give_a_message(svc, tmp_path):
+    bad = tmp_path / "not_an_image.jpg"
+    bad.write_bytes(b"this is not a JPEG" * 10)
+    empty = tmp_path / "empty.png"
+    empty.write_bytes(b"")
+    for p in (bad, empty):
+        html = h.search_image(svc, "bl", None, str(p), 10, THUMBS)
+        assert "ltd-error" in html, html
+        assert "Traceback" not in html
+    assert "empty" in h.search_image(svc, "bl", None, str(empty), 10, THUMBS)
+
+
+def test_unknown_model_gives_a_message(svc):
+    html = h.search_text(svc, "nope", "a dog", None, 10, THUMBS)
+    assert "ltd-error" in html and "unknown model" in html
+
+
+def test_random_caption_and_examples(svc):
+    c = h.random_caption(svc, "bl", seed=1)
+    assert set(c) >= {"id", "text", "image_id"}
+    assert h.random_caption(svc, "bl", seed=1) == c  # deterministic with a seed
+    assert h.random_caption(svc, "bl", seed=1, exclude=c["id"])["id"] != c["id"]
+    ex = h.example_captions(svc, "bl", n=5)
+    assert len(ex) == 5 and len({e["id"] for e in ex}) == 5
+
+
+def test_image_picker_gives_thumbnail_files(svc, tmp_path, monkeypatch):
+    monkeypatch.setattr(h, "THUMB_DIR", tmp_path / "thumbs")
+    items, ids = h.image_picker(svc, "bl", n=4, seed=0)
+    assert 1 <= len(items) <= 4 and len(ids) == len(items)
+    for (path, label), i in zip(items, ids):
+        assert label == f"#{i}"
+        assert open(path, "rb").read(2) == b"\xff\xd8"  # JPEG
+
+
+def test_thumbnail_sources():
+    assert h.url_thumbs()(7, "my model", 128) == "/api/images/7/thumbnail?size=128&model=my%20model"
+    assert h.url_thumbs("/x/{id}.jpg?m={model}")(3, "bl", 64) == "/x/3.jpg?m=bl"
+
+
+def test_inline_thumbnails(svc, caption):
+    src = h.inline_thumbs(svc)(caption["image_id"], "bl", 64)
+    assert src.startswith("data:image/jpeg;base64,")
+    assert h.inline_thumbs(svc)(999_999, "bl", 64) == ""
+
+
+# ---- Compare -----------------------------------------------------------------------------------
+def test_compare_dataset_caption_side_by_side(svc, caption):
+    html = h.compare_text(svc, "bl", "ltd", caption["text"], caption, 5, THUMBS)
+    heads = re.findall(r'<div class="ltd-col-head ltd-m\d"><h3>([^<]+)</h3>', html)
+    assert heads == ["bl", "ltd"]
+    assert html.count('<section class="ltd-col">') == 2
+    assert html.count("1st GT rank") == 2  # metrics per model
+    out = svc.compare(["bl", "ltd"], caption_id=caption["id"], k=5)
+    assert f"<b>{out['overlap']}</b> of top-5 shared" in html
+    # every card of a model that the other did not retrieve carries the ◆ marker
+    assert html.count('class="ltd-only"') == 2 * 5 - 2 * out["overlap"]
+
+
+def test_compare_dataset_image(svc, caption):
+    html = h.compare_image(svc, "bl", "ltd", caption["image_id"], None, 10, THUMBS)
+    assert html.count('<section class="ltd-col">') == 2
+    assert html.count('<li class="ltd-cap') == 20
+    assert "ground-truth caption" in html
+
+
+def test_compare_free_text_has_no_ground_truth(svc):
+    html = h.compare_text(svc, "bl", "ltd", "two big shapes", None, 5, THUMBS)
+    assert html.count("no ground truth for this query") == 2
+    assert "ltd-card gt" not in html
+
+
+def test_compare_messages(svc, one):
+    assert "Type a query" in h.compare_text(svc, "bl", "ltd", " ", None, 10, THUMBS)
+    assert "two different models" in h.compare_text(svc, "bl", "bl", "a dog", None, 10, THUMBS)
+    assert "Pick a dataset image" in h.compare_image(svc, "bl", "ltd", None, None, 10, THUMBS)
+    msg = h.compare_text(one, "bl", "bl", "a dog", None, 10, THUMBS)
+    assert "needs two models" in msg and "ltd serve" in msg
+
+
+# ---- Explorer ----------------------------------------------------------------------------------
+def test_explorer_sorted_by_disagreement(svc):
+    table, rows, summary = h.explorer(svc, "bl", "ltd")
+    assert len(table) == len(rows) > 0
+    assert len(table[0]) == len(h.explorer_headers("bl", "ltd"))
+    dis = [r["disagreement"] for r in rows]
+    assert dis == sorted(dis, reverse=True)
+    assert "ranks the ground truth higher" in summary
+    n = {w: sum(r["winner"] == w for r in rows) for w in ("a", "b", "tie")}
+    assert f"for <b>{n['b']}</b>" in summary
+
+
+@pytest.mark.parametrize("direction", ["t2i", "i2t"])
+def test_explorer_direction_filter(svc, direction):
+    table, rows, _ = h.explorer(svc, "bl", "ltd", direction=direction)
+    assert rows and all(r["direction"] == direction for r in rows)
+    assert all(t[0] == direction for t in table)
+
+
+@pytest.mark.parametrize("winner, name", [("a", "bl"), ("b", "ltd"), ("tie", "tie")])
+def test_explorer_winner_filter(svc, winner, name):
+    table, rows, _ = h.explorer(svc, "bl", "ltd", winner=winner)
+    assert all(r["winner"] == winner for r in rows)
+    assert all(t[9] == name for t in table)
+
+
+def test_explorer_limit_and_thumbnails(svc):
+    table, rows, summary = h.explorer(svc, "bl", "ltd", direction="i2t", limit=2, thumbs=THUMBS)
+    assert len(rows) == 2 and "showing 2" in summary
+    assert all(t[2].startswith('<span class="ltd-xq"><img src="/api/images/') for t in table)
+
+
+def test_explorer_click_maps_to_compare_query(svc):
+    table, rows, _ = h.explorer(svc, "bl", "ltd")
+    t2i = next(i for i, r in enumerate(rows) if r["direction"] == "t2i")
+    i2t = next(i for i, r in enumerate(rows) if r["direction"] == "i2t")
+    q = h.explorer_pick(rows, [t2i, 2], None)
+    assert q == {"direction": "t2i", "caption_id": rows[t2i]["query_id"], "text": rows[t2i]["query"]}
+    assert svc.caption("bl", q["caption_id"])["text"] == q["text"]
+    assert h.explorer_pick(rows, i2t) == {"direction": "i2t", "image_id": rows[i2t]["query_id"]}
+    # the clicked row's values win over its index (the browser may have re-sorted the table)
+    assert h.explorer_pick(rows, [0, 0], table[i2t]) == {"direction": "i2t", "image_id": rows[i2t]["query_id"]}
+    with pytest.raises(h.ServiceError):
+        h.explorer_pick(rows, len(rows) + 5)
+    # and the compare it opens runs
+    html = h.compare(svc, "bl", "ltd", {"caption_id": q["caption_id"]}, 10, THUMBS)
+    assert html.count('<section class="ltd-col">') == 2
+
+
+def test_explorer_with_one_model(one):
+    table, rows, summary = h.explorer(one, "bl", "bl")
+    assert table == [] and rows == [] and "needs two models" in summary
+
+
+# ---- Training ----------------------------------------------------------------------------------
+def write_metrics(path, eta=0.5):
+    rows = [{"type": "val", "epoch": 0, "step": 0, "rsum": 100.0}]
+    for s in range(1, 11):
+        rows.append({"type": "step", "epoch": 1, "step": s, "l_con": 4.0 - 0.1 * s, "l_rec": 1.0 - 0.04 * s,
+                     "lambda": 1.0 + 0.1 * s, "gap": 0.5, "lr": 1e-3})
+    rows += [{"type": "epoch", "epoch": 1, "step": 10, "mean_loss": 3.0},
+             {"type": "val", "epoch": 1, "step": 10, "rsum": 150.0}]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return rows
+
+
+def test_training_figure_from_metrics_rows(tmp_path):
+    from training.plots import figure_from_rows, label_for, plt
+
+    rows = write_metrics(tmp_path / "metrics.jsonl")
+    label, eta = label_for("ltd", {"mode": "constraint", "eta": 0.5})
+    assert (label, eta) == ("ltd (η=0.5)", 0.5)
+    base = [r for r in rows if "lambda" not in r]
+    fig = figure_from_rows([("bl", None, base), (label, eta, rows)], smooth=1)
+    try:
+        axes = fig.axes
+        titles = [a.get_title() for a in axes]
+        assert titles == ["Lagrange multiplier λ", "reconstruction loss L_rec (dashed: η)", "contrastive loss L_con",
+                          "validation rsum"]
+        lam, rec, con, val = axes
+        assert lam.get_yscale() == "log"
+        assert [ln.get_label() for ln in lam.lines] == ["ltd (η=0.5)"]
+        assert list(lam.lines[0].get_ydata()) == pytest.approx([1.0 + 0.1 * s for s in range(1, 11)])
+        eta_lines = [ln for ln in rec.lines if ln.get_linestyle() == "--"]
+        assert len(eta_lines) == 1 and list(eta_lines[0].get_ydata()) == [0.5, 0.5]
+        assert len(con.lines) == 2  # both runs have L_con
+        assert list(val.lines[1].get_xdata()) == [0, 1] and list(val.lines[1].get_ydata()) == [100.0, 150.0]
+    finally:
+        plt.close(fig)
+
+
+def test_plot_runs_still_works(tiny_index_pair, tmp_path):
+    from training.plots import plot_runs
+
+    runs = tiny_index_pair["runs"]
+    (path,) = plot_runs([runs["bl"], runs["ltd"]], tmp_path)
+    assert path.is_file() and path.stat().st_size > 10_000
+
+
+def test_training_figure_for_loaded_models(svc):
+    fig, msg = h.training_figure(svc, ["bl", "ltd"])
+    assert isinstance(fig, matplotlib.figure.Figure) and msg == ""
+    lam, rec, con, val = fig.axes
+    assert [ln.get_label() for ln in val.lines] == ["bl", "ltd (η=0.5)"]
+    assert any(ln.get_linestyle() == "--" for ln in rec.lines)  # the η line of the LTD run
+    fig2, msg2 = h.training_figure(svc, [])
+    assert fig2 is None and "Select at least one model" in msg2
+
+
+def test_report_table(svc):
+    headers, rows = h.report_table(svc)
+    assert headers[:2] == ["model", "loss"]
+    for col in ("i2t R@1", "i2t R@5", "i2t R@10", "t2i R@1", "t2i R@5", "t2i R@10", "rsum", "i2t R-P", "t2i R-P"):
+        assert col in headers
+    assert any("nDCG" in c for c in headers)
+    assert [r[0] for r in rows] == ["bl", "ltd"]
+    assert rows[0][1] == "baseline" and rows[1][1] == "LTD (η = 0.5)"
+    rsum = headers.index("rsum")
+    for r in rows:
+        assert r[rsum] == pytest.approx(svc.model_info(r[0])["eval"]["rsum"], abs=0.05)
+
+
+# ---- models loading / one model / the Blocks app -----------------------------------------------
+def test_not_ready_service_says_models_are_loading(loading):
+    assert "loading" in h.header_html(loading)
+    assert "ltd-loading" in h.loading_state(loading)
+    html = h.search_text(loading, "bl", "a dog", None, 10, THUMBS)
+    assert "still loading" in html and "Traceback" not in html
+    _, _, summary = h.explorer(loading, "bl", "ltd")
+    assert "still loading" in summary
+
+
+def test_header_lists_models_with_rsum(svc):
+    html = h.header_html(svc)
+    for name in ("bl", "ltd"):
+        assert f'<span class="ltd-chip-name">{name}</span>' in html
+        assert f"<b>{svc.model_info(name)['eval']['rsum']:.1f}</b> rsum" in html
+    assert "η = 0.5" in html and "test split" in html
+
+
+def test_build_ui(svc, one, loading):
+    import gradio as gr
+
+    from ui.blocks import build_ui
+    from ui.theme import CSS, THEME
+
+    for s in (svc, one, loading):
+        demo = build_ui(s)
+        assert isinstance(demo, gr.Blocks)
+    assert isinstance(THEME, gr.themes.ThemeClass) and ".ltd-card.gt" in CSS
+    assert isinstance(build_ui(svc, thumbs="inline"), gr.Blocks)
+
+
+def test_mounted_ui_serves_the_page(svc):
+    import gradio as gr
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from ui.blocks import build_ui
+    from ui.theme import CSS, THEME
+
+    app = gr.mount_gradio_app(FastAPI(), build_ui(svc), path="/ui", theme=THEME, css=CSS)
+    with TestClient(app) as client:
+        r = client.get("/ui/")
+        assert r.status_code == 200 and "LTD retrieval" in r.text
+        cfg = client.get("/ui/config").json()
+        ids = {c.get("props", {}).get("elem_id") for c in cfg["components"]}
+        assert {"search-text-results", "compare-results", "explorer-table", "training-plot"} <= ids
