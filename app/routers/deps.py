@@ -1,0 +1,50 @@
+"""What every router shares: dependencies (the service and settings from ``app.state``; tests swap
+them with ``app.dependency_overrides``), the documented error answers, and URL builders.
+
+The dependencies are ``async def`` on purpose: they only read ``app.state``, and a plain ``def``
+dependency would cost a trip through the thread pool on every request.
+"""
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from fastapi import Request, Response
+from pydantic import BaseModel
+
+from app.schemas import ErrorResponse
+from app.service import SearchService
+from app.settings import Settings
+
+
+async def get_service(request: Request) -> SearchService:
+    return request.app.state.service
+
+
+async def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def errors(*codes: int) -> dict:
+    """OpenAPI ``responses`` entries for error status codes, all answered with ErrorResponse."""
+    return {c: {"model": ErrorResponse} for c in codes}
+
+
+# Every operation can answer 503 (still loading) and 422 (request validation).
+COMMON_ERRORS = errors(422, 503)
+
+
+def json_model(model: BaseModel, status_code: int = 200, headers: dict | None = None) -> Response:
+    """Serialise a response model straight to JSON bytes (pydantic's Rust serialiser).
+
+    Returning a Response skips FastAPI's second validation of the return value, which for a plain
+    ``def`` handler would be one more trip through the thread pool."""
+    return Response(model.model_dump_json(), status_code=status_code, media_type="application/json",
+                    headers=headers)
+
+
+def image_url(image_id: int, model: str) -> str:
+    return f"/api/images/{image_id}?model={quote(model, safe='')}"
+
+
+def thumbnail_url(image_id: int, model: str, size: int = 256) -> str:
+    return f"/api/images/{image_id}/thumbnail?model={quote(model, safe='')}&size={size}"

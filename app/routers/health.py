@@ -1,0 +1,38 @@
+"""Service state: health (for load balancers and Docker's HEALTHCHECK) and the model registry."""
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path
+from fastapi.responses import JSONResponse
+
+from app.routers.deps import COMMON_ERRORS, errors, get_service
+from app.schemas import HealthResponse, ModelInfo
+from app.service import SearchService
+
+router = APIRouter(prefix="/api", tags=["service"])
+Service = Annotated[SearchService, Depends(get_service)]
+
+
+@router.get("/health", response_model=HealthResponse,
+            responses={503: {"model": HealthResponse, "description": "models are loading, or loading failed"}})
+async def health(svc: Service) -> JSONResponse:
+    """200 ``{"status": "ok"}`` once every model is loaded; 503 ``loading`` before, 503 ``error`` (with the
+    reason in ``detail``) when loading failed."""
+    status = svc.status
+    body = HealthResponse(status=status, models=svc.names, loaded=list(svc.entries) if status == "ok" else
+                          [n for n in svc.names if n in svc.entries],
+                          detail=svc.load_error, loaded_at=svc.loaded_at)
+    return JSONResponse(body.model_dump(), status_code=200 if status == "ok" else 503,
+                        headers={"Cache-Control": "no-store"})
+
+
+@router.get("/models", response_model=list[ModelInfo], responses=COMMON_ERRORS)
+async def list_models(svc: Service) -> list[ModelInfo]:
+    """Every loaded model: dataset, split, counts, embedding size, evaluation summary, manifest."""
+    return [ModelInfo(**svc.model_info(n)) for n in svc.names]
+
+
+@router.get("/models/{name}", response_model=ModelInfo, responses={**COMMON_ERRORS, **errors(404)})
+async def get_model(name: Annotated[str, Path(min_length=1, max_length=100)], svc: Service) -> ModelInfo:
+    return ModelInfo(**svc.model_info(name))

@@ -1,0 +1,96 @@
+"""Dataset items: image files, thumbnails, captions and example queries.
+
+Only files that belong to a loaded index are served: the path takes an integer id, the service
+maps it to the file the index recorded, and nothing from the request is ever joined to a path.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path as FilePath
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi.responses import FileResponse
+
+from app.routers.deps import COMMON_ERRORS, errors, get_service, get_settings, image_url, thumbnail_url
+from app.schemas import MAX_ID, CaptionInfo
+from app.service import NotFound, SearchService
+from app.settings import Settings
+
+router = APIRouter(prefix="/api", tags=["dataset"])
+Service = Annotated[SearchService, Depends(get_service)]
+Config = Annotated[Settings, Depends(get_settings)]
+ImageIdPath = Annotated[int, Path(ge=0, le=MAX_ID, description="a dataset image id")]
+ModelQuery = Annotated[str, Query(min_length=1, max_length=100, description="restrict to this model's index")]
+
+MEDIA_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png", ".webp": "image/webp",
+               ".gif": "image/gif", ".bmp": "image/bmp", ".tif": "image/tiff", ".tiff": "image/tiff"}
+BINARY = {"schema": {"type": "string", "format": "binary"}}
+IMAGE_CONTENT = {t: BINARY for t in sorted(set(MEDIA_TYPES.values()))} | {"application/octet-stream": BINARY}
+
+
+def _cache_headers(settings: Settings) -> dict[str, str]:
+    return {"Cache-Control": f"public, max-age={settings.image_cache_seconds}"}
+
+
+@router.get("/images/{image_id}", response_class=FileResponse,
+            responses={200: {"content": IMAGE_CONTENT, "description": "the image file"},
+                       304: {"description": "not modified (the If-None-Match ETag matches)"},
+                       **COMMON_ERRORS, **errors(404)})
+def get_image(image_id: ImageIdPath, request: Request, svc: Service, settings: Config,
+              model: ModelQuery = None) -> Response:  # type: ignore[assignment]
+    """The original image file of a dataset image (content type from its extension; ETag and
+    Last-Modified, and 304 for a matching If-None-Match)."""
+    path: FilePath = svc.image_path(image_id, model)
+    try:
+        stat = os.stat(path)
+    except OSError:
+        raise NotFound(f"image {image_id} cannot be read on the server") from None
+    response = FileResponse(path, media_type=MEDIA_TYPES.get(path.suffix.lower(), "application/octet-stream"),
+                            headers=_cache_headers(settings), stat_result=stat)
+    etag = response.headers["etag"]
+    if etag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
+        return Response(status_code=304, headers={"ETag": etag, **_cache_headers(settings)})
+    return response
+
+
+@router.get("/images/{image_id}/thumbnail", response_class=Response,
+            responses={200: {"content": {"image/jpeg": BINARY}, "description": "a JPEG thumbnail"},
+                       **COMMON_ERRORS, **errors(404)})
+def get_thumbnail(image_id: ImageIdPath, svc: Service, settings: Config,
+                  size: Annotated[int, Query(ge=32, le=1024, description="longest side in pixels")] = 256,
+                  model: ModelQuery = None) -> Response:  # type: ignore[assignment]
+    """A JPEG thumbnail whose longest side is ``size`` pixels (kept in an in-memory LRU cache)."""
+    return Response(svc.thumbnail(image_id, size, model), media_type="image/jpeg", headers=_cache_headers(settings))
+
+
+def _caption_info(svc: SearchService, name: str, caption_id: int) -> CaptionInfo:
+    c = svc.caption(name, caption_id)
+    img = c["image_id"]
+    return CaptionInfo(id=c["id"], model=name, text=c["text"], image_id=img,
+                       image_url=None if img is None else image_url(img, name),
+                       thumbnail_url=None if img is None else thumbnail_url(img, name))
+
+
+@router.get("/captions/{caption_id}", response_model=CaptionInfo, responses={**COMMON_ERRORS, **errors(404)})
+async def get_caption(caption_id: Annotated[int, Path(ge=0, le=MAX_ID, description="a dataset caption id")],
+                      svc: Service, model: ModelQuery = None) -> CaptionInfo:  # type: ignore[assignment]
+    """A dataset caption and the image it describes (searched in every model's index unless ``model``)."""
+    if model is not None:
+        return _caption_info(svc, model, caption_id)
+    for name in svc.names:
+        svc.get(name)
+        try:
+            return _caption_info(svc, name, caption_id)
+        except NotFound:
+            continue
+    raise NotFound(f"caption id {caption_id} is not in any loaded index")
+
+
+@router.get("/examples", response_model=list[CaptionInfo], responses={**COMMON_ERRORS, **errors(404)})
+def examples(svc: Service, model: ModelQuery = None,  # type: ignore[assignment]
+                   n: Annotated[int, Query(ge=1, le=100)] = 10,
+                   seed: Annotated[int, Query(ge=0, le=2**32 - 1)] = 0) -> list[CaptionInfo]:
+    """``n`` dataset captions drawn at random (reproducible by ``seed``): example queries for UIs."""
+    name = model or svc.names[0]
+    return [_caption_info(svc, name, c["id"]) for c in svc.sample_captions(name, n, seed)]

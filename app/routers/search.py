@@ -1,0 +1,206 @@
+"""Search: text → images, image → captions, and one query against two models side by side.
+
+The handlers are plain ``def``: they encode and search (torch, FAISS) in the thread pool. The
+image endpoints take JSON (a dataset image id) or multipart/form-data (an upload) on the same path;
+an ``async`` dependency reads and checks the body, so the handler only sees a parsed query.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.datastructures import UploadFile
+
+from app.routers.deps import COMMON_ERRORS, errors, get_service, get_settings, image_url, json_model, thumbnail_url
+from app.schemas import (COMPARE_UPLOAD_FORM, IMAGE_UPLOAD_FORM, K, CaptionHit, CompareRequest, CompareResponse,
+                         ImageHit, ImageSearchRequest, ImageSearchResponse, ModelName, QueryInfo, QueryMetrics,
+                         TextSearchRequest, TextSearchResponse)
+from app.service import SearchResult, SearchService
+from app.settings import Settings
+
+router = APIRouter(prefix="/api", tags=["search"])
+Service = Annotated[SearchService, Depends(get_service)]
+SEARCH_ERRORS = {**COMMON_ERRORS, **errors(400, 404, 413)}
+UPLOAD_ERRORS = {**SEARCH_ERRORS, **errors(415)}
+
+
+# ---- answers ---------------------------------------------------------------------------------------
+def _metrics(m: dict | None) -> QueryMetrics | None:
+    if not m:
+        return None
+    return QueryMetrics(first_gt_rank=m["first_gt_rank"], k=m["k"], precision_at_k=m["p@k"], ndcg_at_k=m["ndcg@k"],
+                        ndcg_relevance=m["ndcg_relevance"])
+
+
+def text_answer(r: SearchResult, k: int) -> TextSearchResponse:
+    name = r.model
+    hits = [ImageHit(rank=h.rank, id=h.id, score=h.score, filename=h.filename, image_url=image_url(h.id, name),
+                     thumbnail_url=thumbnail_url(h.id, name), ground_truth=h.ground_truth, relevance=h.relevance)
+            for h in r.hits]
+    return TextSearchResponse(model=name, k=k, query=QueryInfo(**r.query), took_ms=round(r.took_ms, 3),
+                              ground_truth_ids=r.ground_truth_ids, metrics=_metrics(r.metrics), results=hits)
+
+
+def image_answer(r: SearchResult, k: int) -> ImageSearchResponse:
+    name = r.model
+    hits = [CaptionHit(rank=h.rank, id=h.id, score=h.score, text=h.text or "", image_id=h.image_id,
+                       image_url=None if h.image_id is None else image_url(h.image_id, name),
+                       thumbnail_url=None if h.image_id is None else thumbnail_url(h.image_id, name),
+                       ground_truth=h.ground_truth, relevance=h.relevance)
+            for h in r.hits]
+    return ImageSearchResponse(model=name, k=k, query=QueryInfo(**r.query), took_ms=round(r.took_ms, 3),
+                               ground_truth_ids=r.ground_truth_ids, metrics=_metrics(r.metrics), results=hits)
+
+
+# ---- JSON-or-upload bodies -------------------------------------------------------------------------
+@dataclass
+class ImageQuery:
+    model: str | None
+    k: int
+    image_id: int | None = None
+    data: bytes | None = None
+
+
+@dataclass
+class CompareQuery:
+    models: list[str]
+    k: int
+    query: str | None = None
+    caption_id: int | None = None
+    image_id: int | None = None
+    data: bytes | None = None
+
+
+class _ImageForm(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: ModelName = None  # type: ignore[assignment]
+    k: K = 10
+
+
+class _CompareForm(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    models: Annotated[list[ModelName], Field(min_length=2, max_length=2)]
+    k: K = 10
+
+
+def _validate(model: type[BaseModel], data: object) -> BaseModel:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)],
+                                     body=None) from None
+
+
+def _media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+async def _json_body(request: Request) -> object:
+    try:
+        return json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": f"JSON decode error: {e}"}],
+                                     body=None) from None
+
+
+async def _upload_form(request: Request, settings: Settings, fields: set[str]) -> tuple[bytes, dict]:
+    """(file bytes, other fields) of a multipart body with exactly one file part named ``file``."""
+    async with request.form(max_files=1, max_fields=8, max_part_size=4096) as form:
+        unknown = set(form.keys()) - fields - {"file"}
+        if unknown:
+            raise RequestValidationError([{"type": "extra_forbidden", "loc": ("body", sorted(unknown)[0]),
+                                           "msg": "Extra inputs are not permitted"}], body=None)
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise RequestValidationError([{"type": "missing", "loc": ("body", "file"),
+                                           "msg": "a file part named 'file' is required"}], body=None)
+        if upload.size is not None and upload.size > settings.max_upload_bytes:
+            raise HTTPException(413, f"the file is {upload.size:,} bytes; the limit is {settings.max_upload_bytes:,}")
+        data = await upload.read(settings.max_upload_bytes + 1)
+        if len(data) > settings.max_upload_bytes:
+            raise HTTPException(413, f"the file exceeds the limit of {settings.max_upload_bytes:,} bytes")
+        values = {k: form.getlist(k) for k in fields if k in form}
+    return data, values
+
+
+def _unsupported(request: Request) -> HTTPException:
+    return HTTPException(415, f"Content-Type {_media_type(request) or '(none)'} is not accepted here: send "
+                              "application/json, or multipart/form-data with a file")
+
+
+async def image_query(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> ImageQuery:
+    mt = _media_type(request)
+    if mt == "application/json":
+        req = _validate(ImageSearchRequest, await _json_body(request))
+        return ImageQuery(model=req.model, k=req.k, image_id=req.image_id)
+    if mt == "multipart/form-data":
+        data, values = await _upload_form(request, settings, {"model", "k"})
+        f = _validate(_ImageForm, {k: v[-1] for k, v in values.items()})
+        return ImageQuery(model=f.model, k=f.k, data=data)
+    raise _unsupported(request)
+
+
+async def compare_query(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> CompareQuery:
+    mt = _media_type(request)
+    if mt == "application/json":
+        req = _validate(CompareRequest, await _json_body(request))
+        return CompareQuery(models=req.models, k=req.k, **{f: getattr(req, f) for f in req.model_fields_set
+                                                          if f in ("query", "caption_id", "image_id")})
+    if mt == "multipart/form-data":
+        data, values = await _upload_form(request, settings, {"models", "k"})
+        raw = {"models": values.get("models", [])} | ({"k": values["k"][-1]} if "k" in values else {})
+        f = _validate(_CompareForm, raw)
+        if f.models[0] == f.models[1]:
+            raise RequestValidationError([{"type": "value_error", "loc": ("body", "models"),
+                                           "msg": "models must name two different models"}], body=None)
+        return CompareQuery(models=f.models, k=f.k, data=data)
+    raise _unsupported(request)
+
+
+def _body_doc(json_model_cls: type[BaseModel], form_schema: dict) -> dict:
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": json_model_cls.model_json_schema()},
+        "multipart/form-data": {"schema": form_schema, "encoding": {"file": {"contentType": "image/*"}}}}}}
+
+
+# ---- endpoints -------------------------------------------------------------------------------------
+@router.post("/search/text", response_model=TextSearchResponse, responses=SEARCH_ERRORS)
+def search_text(req: TextSearchRequest, svc: Service) -> Response:
+    """Text → images: ``{"query": "a dog on grass", "model": "ltd", "k": 10}``, or ``caption_id`` for a
+    dataset caption (then each hit says whether it is the caption's own image, and ``metrics`` has the
+    rank of that image, P@k and nDCG@k)."""
+    name = req.model or svc.names[0]
+    r = svc.search_text(name, query=req.query, caption_id=req.caption_id, k=req.k)
+    return json_model(text_answer(r, req.k))
+
+
+@router.post("/search/image", response_model=ImageSearchResponse, responses=UPLOAD_ERRORS,
+             openapi_extra=_body_doc(ImageSearchRequest, IMAGE_UPLOAD_FORM))
+def search_image(q: Annotated[ImageQuery, Depends(image_query)], svc: Service) -> Response:
+    """Image → captions. JSON ``{"image_id": 42, "model": "bl", "k": 10}`` for a dataset image (ground
+    truth and metrics attached), or multipart/form-data with ``file`` (≤ 10 MB; JPEG, PNG, WebP, BMP,
+    GIF or TIFF) and optional ``model`` and ``k`` fields."""
+    name = q.model or svc.names[0]
+    r = svc.search_image(name, image_id=q.image_id, image_bytes=q.data, k=q.k)
+    return json_model(image_answer(r, q.k))
+
+
+@router.post("/compare", response_model=CompareResponse, responses=UPLOAD_ERRORS,
+             openapi_extra=_body_doc(CompareRequest, COMPARE_UPLOAD_FORM))
+def compare(q: Annotated[CompareQuery, Depends(compare_query)], svc: Service) -> Response:
+    """One query, two models: both rankings, their overlap, and per-model metrics when the query is a
+    dataset item. JSON with exactly one of ``query``/``caption_id`` (text → images) or ``image_id``
+    (image → captions), or multipart/form-data with ``file`` and ``models`` given twice
+    (``-F models=bl -F models=ltd``)."""
+    out = svc.compare(q.models, query=q.query, caption_id=q.caption_id, image_id=q.image_id, image_bytes=q.data,
+                      k=q.k)
+    answer = text_answer if out["direction"] == "t2i" else image_answer
+    a, b = ({h.id for h in r.hits} for r in out["results"])
+    union = len(a | b)
+    return json_model(CompareResponse(direction=out["direction"], k=q.k, models=q.models,
+                                      results=[answer(r, q.k) for r in out["results"]], overlap=out["overlap"],
+                                      overlap_ids=out["overlap_ids"], jaccard=out["overlap"] / union if union else 0.0))

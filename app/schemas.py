@@ -1,0 +1,243 @@
+"""Pydantic schemas of every request and response of the REST API (one module, as in the FastAPI
+"bigger applications" layout). The OpenAPI document at /openapi.json is generated from these."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+MAX_K = 1000
+MAX_QUERY_CHARS = 1000
+
+
+def _collapse_whitespace(v: Any) -> Any:
+    return " ".join(v.split()) if isinstance(v, str) else v
+
+
+def _check_query_length(v: str) -> str:
+    if not v:
+        raise ValueError("the query is empty after trimming whitespace")
+    if len(v) > MAX_QUERY_CHARS:
+        raise ValueError(f"the query is {len(v):,} characters long after trimming; the limit is {MAX_QUERY_CHARS:,}")
+    return v
+
+
+# Ids are the dataset's integer ids (Karpathy imgid / sentid, or the corpus row for corpora), at most
+# 2^53 - 1 so that every JSON client (JavaScript numbers are doubles) reads them exactly.
+MAX_ID = 2**53 - 1
+ItemId = Annotated[int, Field(ge=0, le=MAX_ID)]
+K = Annotated[int, Field(ge=1, le=MAX_K, description=f"number of results, 1 to {MAX_K}")]
+ModelName = Annotated[str, Field(min_length=1, max_length=100, description="a model name from GET /api/models")]
+# Whitespace is collapsed (and trimmed) first; the length limits apply to what remains.
+QueryText = Annotated[
+    str,
+    BeforeValidator(_collapse_whitespace),
+    AfterValidator(_check_query_length),
+    Field(json_schema_extra={"minLength": 1, "maxLength": MAX_QUERY_CHARS, "pattern": r"\S"},
+          description=f"free text, 1 to {MAX_QUERY_CHARS} characters after trimming whitespace"),
+]
+
+
+def _exactly_one(model: BaseModel, names: tuple[str, ...]) -> None:
+    given = [n for n in names if n in model.model_fields_set]
+    if len(given) != 1:
+        raise ValueError(f"give exactly one of {', '.join(names)} (got {', '.join(given) or 'none'})")
+
+
+def _request_schema(*one_of: str):
+    """Schema post-processing of request models: optional fields are absent-or-valued (``= None`` is
+    only the "absent" marker, so drop the null default), and ``one_of`` lists alternatives of which
+    exactly one must be given."""
+
+    def extra(schema: dict, cls: type) -> None:
+        for prop in schema.get("properties", {}).values():
+            if "default" in prop and prop["default"] is None:
+                del prop["default"]
+        if one_of:
+            schema["oneOf"] = [{"required": [n]} for n in one_of]
+
+    return extra
+
+
+# ---- requests ----------------------------------------------------------------------------------
+class TextSearchRequest(BaseModel):
+    """Text → images. Give ``query`` (free text) or ``caption_id`` (a dataset caption: the answer then
+    marks its ground-truth image and carries per-query metrics)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_request_schema("query", "caption_id"))
+
+    query: QueryText = None  # type: ignore[assignment]
+    caption_id: ItemId = None  # type: ignore[assignment]
+    model: ModelName = None  # type: ignore[assignment]  # absent: the first model
+    k: K = 10
+
+    @model_validator(mode="after")
+    def _one_query(self) -> TextSearchRequest:
+        _exactly_one(self, ("query", "caption_id"))
+        return self
+
+
+class ImageSearchRequest(BaseModel):
+    """Image → captions for a dataset image (JSON). Uploads use multipart/form-data on the same path."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_request_schema())
+
+    image_id: ItemId
+    model: ModelName = None  # type: ignore[assignment]
+    k: K = 10
+
+
+class CompareRequest(BaseModel):
+    """The same query against two models. Give exactly one of ``query``, ``caption_id`` (text → images)
+    or ``image_id`` (image → captions); uploads use multipart/form-data on the same path."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_request_schema("query", "caption_id", "image_id"))
+
+    query: QueryText = None  # type: ignore[assignment]
+    caption_id: ItemId = None  # type: ignore[assignment]
+    image_id: ItemId = None  # type: ignore[assignment]
+    models: Annotated[list[ModelName], Field(min_length=2, max_length=2, json_schema_extra={"uniqueItems": True})]
+    k: K = 10
+
+    @model_validator(mode="after")
+    def _check(self) -> CompareRequest:
+        _exactly_one(self, ("query", "caption_id", "image_id"))
+        if self.models[0] == self.models[1]:
+            raise ValueError("models must name two different models")
+        return self
+
+
+# Multipart bodies (documented by hand in the routes' openapi_extra; parsed in app/routers/search.py).
+UPLOAD_FIELD = {"type": "string", "format": "binary", "description": "an image file (JPEG, PNG, WebP, BMP, GIF, TIFF)"}
+K_FIELD = {"type": "integer", "minimum": 1, "maximum": MAX_K, "default": 10}
+MODEL_FIELD = {"type": "string", "minLength": 1, "maxLength": 100}
+IMAGE_UPLOAD_FORM = {"type": "object", "required": ["file"], "additionalProperties": False,
+                     "properties": {"file": UPLOAD_FIELD, "model": MODEL_FIELD, "k": K_FIELD}}
+COMPARE_UPLOAD_FORM = {"type": "object", "required": ["file", "models"], "additionalProperties": False,
+                       "properties": {"file": UPLOAD_FIELD, "k": K_FIELD,
+                                      "models": {"type": "array", "items": MODEL_FIELD, "minItems": 2, "maxItems": 2,
+                                                 "uniqueItems": True}}}
+
+
+# ---- responses ---------------------------------------------------------------------------------
+class ValidationIssue(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorResponse(BaseModel):
+    """Every error: a machine-readable ``error`` code and a human-readable ``detail``."""
+
+    error: str = Field(examples=["not_found"])
+    detail: str = Field(examples=["unknown model 'x'; valid models: bl, ltd"])
+    valid_models: list[str] | None = None  # unknown model
+    errors: list[ValidationIssue] | None = None  # request validation (422)
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok", "loading", "error"]
+    models: list[str] = Field(description="configured model names")
+    loaded: list[str] = Field(description="models loaded so far")
+    detail: str | None = None
+    loaded_at: float | None = Field(None, description="Unix time when loading finished")
+
+
+class ModelInfo(BaseModel):
+    name: str
+    dataset: str | None
+    split: str | None
+    counts: dict[str, int] | None = Field(description="items in the index: images, captions")
+    dim: int | None = Field(description="embedding dimension")
+    factory: str | None = Field(description="FAISS index factory string")
+    ground_truth: bool = Field(description="the index is a dataset split with caption ↔ image links")
+    image_search: bool = Field(description="uploaded images can be encoded (the model has an image backbone)")
+    model: dict[str, Any] | None = Field(description="training summary from the manifest")
+    eval: dict[str, Any] | None = Field(description="report.json of `ltd eval` (R@k, R-P, nDCG, rsum), when present")
+    manifest: dict[str, Any]
+
+
+class QueryInfo(BaseModel):
+    text: str | None = None
+    caption_id: int | None = None
+    image_id: int | None = None
+    filename: str | None = None
+    upload: bool = False
+
+
+class QueryMetrics(BaseModel):
+    """Per-query metrics, present when the query is a dataset item (its ground truth is known)."""
+
+    first_gt_rank: int = Field(description="1-based rank of the best-ranked ground-truth item among all items")
+    k: int = Field(description="cut-off of the metrics: the requested k, at most the index size")
+    precision_at_k: float
+    ndcg_at_k: float
+    ndcg_relevance: Literal["rougeL", "binary"] = Field(
+        description="rougeL: graded ROUGE-L relevance cached by `ltd eval`; binary: ground truth only")
+
+
+class ImageHit(BaseModel):
+    rank: int
+    id: int
+    score: float
+    filename: str | None
+    image_url: str
+    thumbnail_url: str
+    ground_truth: bool | None = Field(None, description="the image is the query caption's own (caption_id queries)")
+    relevance: float | None = Field(None, description="ROUGE-L relevance to the query caption, when cached")
+
+
+class CaptionHit(BaseModel):
+    rank: int
+    id: int
+    score: float
+    text: str
+    image_id: int | None = Field(None, description="the dataset image this caption describes")
+    image_url: str | None = None
+    thumbnail_url: str | None = None
+    ground_truth: bool | None = Field(None, description="the caption describes the query image (image_id queries)")
+    relevance: float | None = None
+
+
+class TextSearchResponse(BaseModel):
+    direction: Literal["t2i"] = "t2i"
+    model: str
+    k: int
+    query: QueryInfo
+    took_ms: float = Field(description="encode + search time inside the service")
+    ground_truth_ids: list[int] | None = None
+    metrics: QueryMetrics | None = None
+    results: list[ImageHit]
+
+
+class ImageSearchResponse(BaseModel):
+    direction: Literal["i2t"] = "i2t"
+    model: str
+    k: int
+    query: QueryInfo
+    took_ms: float
+    ground_truth_ids: list[int] | None = None
+    metrics: QueryMetrics | None = None
+    results: list[CaptionHit]
+
+
+SearchResponse = Annotated[TextSearchResponse | ImageSearchResponse, Field(discriminator="direction")]
+
+
+class CompareResponse(BaseModel):
+    direction: Literal["t2i", "i2t"]
+    k: int
+    models: list[str]
+    results: list[SearchResponse] = Field(description="one ranking per model, in the order of `models`")
+    overlap: int = Field(description="items ranked by both models")
+    overlap_ids: list[int]
+    jaccard: float = Field(description="overlap / items ranked by either model")
+
+
+class CaptionInfo(BaseModel):
+    id: int
+    model: str
+    text: str
+    image_id: int | None = None
+    image_url: str | None = None
+    thumbnail_url: str | None = None
