@@ -112,7 +112,8 @@ def train_until_killed(monkeypatch, cfg, run_dir, when):
 def test_resume_gives_identical_next_step_losses(tmp_path, monkeypatch):
     from app.cmd_train import train_run
 
-    extra = ["model.token_dropout=0.2", "model.crops=2", "train.epochs=3"]  # random choices inside steps
+    extra = ["model.token_dropout=0.2", "model.crops=2", "model.feature_dropout=0.3",
+             "train.epochs=3"]  # random choices inside steps
     full = train_run(tiny_config("constraint", extra), tmp_path / "full", show_progress=False)
     train_until_killed(monkeypatch, tiny_config("constraint", extra), tmp_path / "part", lambda p: p["epoch"] == 1)
     assert max(r["step"] for r in _rows(tmp_path / "part")) < max(r["step"] for r in _rows(full.run_dir))
@@ -176,3 +177,25 @@ def test_model_rebuilds_from_checkpoint_without_glove(tmp_path, monkeypatch):
     emb = model.embed_texts(["a red circle", "a blue square"])
     assert emb.shape == (2, cfg.model.embed_dim)
     assert torch.allclose(emb.norm(dim=1), torch.ones(2), atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layers", [0, 1])
+def test_sbert_caption_encoder_frozen_and_partial(tmp_path, layers):
+    """The sentence-transformers caption encoder: frozen (embeddings cached, not saved in the
+    checkpoint) or with its top layer fine-tuned (saved), with FNE image features and linear heads."""
+    from app.cmd_train import train_run
+    from training.checkpoint import model_from_checkpoint
+
+    extra = ["model.text_encoder=sbert", f"model.sbert_train_layers={layers}", "model.image_features=fne",
+             "model.image_head=linear", "train.epochs=1"]
+    res = train_run(tiny_config("none", extra), tmp_path / "r", show_progress=False)
+    ck = torch.load(res.run_dir / "best.pt", weights_only=False)
+    assert ("text.st." in ck["excluded_prefixes"]) == (layers == 0)
+    assert any(k.startswith("text.st.") for k in ck["model"]) == (layers > 0)
+    assert "image.fne.mean" in ck["model"]  # FNE standardisation statistics travel with the model
+    model, _, cfg = model_from_checkpoint(res.run_dir / "best.pt")
+    e = model.embed_texts(["a red circle", "a red circle", "a blue square"])
+    assert torch.allclose(e[0], e[1], atol=1e-5) and e.shape == (3, cfg.model.embed_dim)
+    trainable = [n for n, p in model.text.st.named_parameters() if p.requires_grad]
+    assert (len(trainable) > 0) == (layers > 0)

@@ -1,9 +1,9 @@
 """Checkpoints: one ``torch.save`` dict of plain types, written to a temp file then renamed.
 
 Keys: ``model optimizer scheduler constraint epoch step config vocab versions rng`` plus what a
-model needs to rebuild itself (``target_dim``, ``feat_dim``, ``backbone_in_state``). A frozen
-packaged backbone is not stored (it is rebuilt from its package, whose weights hash is recorded);
-a fine-tuned one is.
+model needs to rebuild itself (``target_dim``, ``feat_dim``, ``excluded_prefixes``). Frozen
+pretrained parts (a packaged backbone, a frozen sentence encoder) are not stored: they are rebuilt
+from their package or folder, listed in ``excluded_prefixes``; fine-tuned ones are stored.
 """
 from __future__ import annotations
 
@@ -41,9 +41,9 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
-def model_state(model: DualEncoder, include_backbone: bool) -> dict:
-    sd = model.state_dict()
-    return {k: v for k, v in sd.items() if include_backbone or not k.startswith(BACKBONE_PREFIX)}
+def model_state(model: DualEncoder, exclude: list[str]) -> dict:
+    """The state dict without the frozen pretrained parts (``exclude`` prefixes) that rebuild from packages."""
+    return {k: v for k, v in model.state_dict().items() if not any(k.startswith(p) for p in exclude)}
 
 
 def save_checkpoint(path: str | Path, payload: dict) -> Path:
@@ -90,8 +90,8 @@ def model_from_checkpoint(ckpt: dict | str | Path, device: str | torch.device = 
     cfg.model.word_dim = int(ckpt.get("word_dim", cfg.model.word_dim))
     model = build_model(cfg, vocab, feat_dim=ckpt.get("feat_dim"), target_dim=int(ckpt.get("target_dim", 0)))
     missing, unexpected = model.load_state_dict(ckpt["model"], strict=False)
-    allowed_missing = [] if ckpt.get("backbone_in_state") else [k for k in missing if k.startswith(BACKBONE_PREFIX)]
-    bad = [k for k in missing if k not in allowed_missing] + list(unexpected)
+    excluded = ckpt.get("excluded_prefixes", [] if ckpt.get("backbone_in_state") else [BACKBONE_PREFIX])
+    bad = [k for k in missing if not any(k.startswith(p) for p in excluded)] + list(unexpected)
     if bad:
         raise ValueError(f"checkpoint does not match the model it describes: {bad[:5]}")
     if ckpt.get("backbone_trained"):

@@ -42,7 +42,10 @@ class ModelConfig:
     precomputed_path: str = ""  # .npy aligned with the dataset's images, or .npz with ids + features
     backbone_weights: str = ""  # resnet*: local ImageNet weights file (never downloaded)
     image_features: str = "pooled"  # pooled (last block) | fne (full-network embedding)
+    fne_discretize: bool = True  # fne: map standardised features to {-1, 0, 1} (the FNE paper) or keep them
+    feature_dropout: float = 0.0  # dropout on the image features before the image head (training only)
     image_size: int = 224
+    resize: int = 0  # short side before cropping; 0 = image_size (10-crop needs resize > image_size, e.g. 256)
     crops: int = 1  # 1 centre | 2 centre+flip | 10 ten-crop: cached views (see train.multi_view)
     freeze_backbone: bool = True  # frozen → features cached once, training runs heads only
     unfreeze_after_epoch: int = -1  # -1 never; the paper's recipe unfreezes at epoch 30
@@ -56,6 +59,8 @@ class ModelConfig:
     text_layers: int = 1
     token_dropout: float = 0.0  # probability of replacing a caption token with <unk> while training
     sbert_path: str = ""  # text_encoder=sbert: local sentence-transformers folder ("" = packaged MiniLM)
+    sbert_train_layers: int = -1  # sbert: -1 fine-tune all layers, 0 frozen (embeddings cached), k top k layers
+    text_head: str = "mlp"  # projection head of the caption encoder: mlp (2 layers) | linear
     # Joint space.
     embed_dim: int = 1024
     head_hidden: int = 2048
@@ -127,6 +132,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.backbone": ("efficientnet_lite0", "resnet50", "resnet152", "precomputed"),
     "model.image_features": ("pooled", "fne"),
     "model.image_head": ("mlp", "linear"),
+    "model.text_head": ("mlp", "linear"),
     "model.text_encoder": ("gru", "sbert"),
     "model.crops": ("1", "2", "10"),
     "loss.contrastive": ("infonce", "triplet", "ifm", "sh", "mh", "order", "sh_mh"),
@@ -269,7 +275,10 @@ def validate(cfg: Config) -> None:
         ("optim.grad_clip", cfg.optim.grad_clip >= 0, "must be >= 0 (0 disables clipping)"),
         ("model.embed_dim", cfg.model.embed_dim >= 1, "must be >= 1"),
         ("model.image_size", cfg.model.image_size >= 32, "must be >= 32"),
+        ("model.resize", cfg.model.resize == 0 or cfg.model.resize >= cfg.model.image_size, "must be 0 or >= model.image_size"),
+        ("model.sbert_train_layers", cfg.model.sbert_train_layers >= -1, "must be -1 (all), 0 (frozen) or a layer count"),
         ("model.token_dropout", 0 <= cfg.model.token_dropout < 1, "must be in [0, 1)"),
+        ("model.feature_dropout", 0 <= cfg.model.feature_dropout < 1, "must be in [0, 1)"),
         ("model.decoder_layers", cfg.model.decoder_layers >= 1, "must be >= 1"),
         ("data.max_caption_len", cfg.data.max_caption_len >= 1, "must be >= 1"),
         ("data.min_word_count", cfg.data.min_word_count >= 1, "must be >= 1"),

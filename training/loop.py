@@ -141,6 +141,13 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
     feats = data.image_feats  # (N_all, V, D) on the CPU; batches are gathered then moved
     if model.image.fne is not None:
         model.image.fne.fit(feats[np.unique(train_img)].mean(1))
+    if getattr(model.text, "frozen", False):
+        # A frozen sentence encoder: embed every training caption once (disk-cached; the same cache
+        # as LTD targets when the texts and model agree), so each step runs the projection head only.
+        from training.targets import compute_targets
+        emb = compute_targets(data.train_texts, cfg.model.sbert_path, cache_dir=cfg.data.cache_dir,
+                              show_progress=show_progress)
+        model.text.remember(data.train_texts, torch.from_numpy(emb))
     contrastive_name = "sh" if lc.contrastive == "sh_mh" else lc.contrastive
     contrastive = build_contrastive_loss(contrastive_name, tau=lc.tau, margin=lc.margin, epsilon=lc.ifm_epsilon)
     combiner = LossCombiner(lc.mode, beta=lc.beta, eta=lc.eta, lambda_init=lc.lambda_init, lambda_lr=lc.lambda_lr,
@@ -188,7 +195,9 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
         trained = not cfg.model.freeze_backbone or 0 <= cfg.model.unfreeze_after_epoch < next_epoch
         state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                  "scaler": scaler.state_dict()} if resumable else {"optimizer": None, "scheduler": None}
-        return {"model": model_state(weights, include_backbone=trained), **state, "constraint": combiner.state_dict(),
+        excluded = weights.frozen_prefixes(backbone_trained=trained)
+        return {"model": model_state(weights, excluded), "excluded_prefixes": excluded, **state,
+                "constraint": combiner.state_dict(),
                 "epoch": next_epoch, "step_in_epoch": next_step, "step": global_step, "config": cfg.to_dict(),
                 "vocab": data.vocab.to_dict(), "versions": versions(), "rng": rng_state(), "best": best,
                 "stale_epochs": stale_epochs, "contrastive": contrastive_name, "target_dim": target_dim,
@@ -236,7 +245,9 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
         n_steps = 0
         for s in range(step_in_epoch, len(batches)):
             idx = batches[s]
-            gen = torch.Generator().manual_seed(int(np.random.default_rng([tc.seed, epoch, s]).integers(2**62)))
+            step_seed = int(np.random.default_rng([tc.seed, epoch, s]).integers(2**62))
+            gen = torch.Generator().manual_seed(step_seed)
+            torch.manual_seed(step_seed)  # dropout layers draw from the global generator
             img_ids = torch.as_tensor(train_img[idx])
             with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
                 if image_iter is not None:

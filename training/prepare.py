@@ -103,7 +103,7 @@ def prepare(cfg: Config, *, show_progress: bool = True, device: str = "cpu") -> 
     sc = apply_shortcuts(cfg.data.shortcuts, ds, seed=cfg.train.seed)
     m = cfg.model
     backbone = None if m.backbone == "precomputed" else build_backbone(
-        m.backbone, features=m.image_features, image_size=m.image_size, weights=m.backbone_weights)
+        m.backbone, features=m.image_features, image_size=m.image_size, weights=m.backbone_weights, resize=m.resize)
     store = image_features(cfg, ds, backbone, transform=sc.image_transform, transform_id=sc.transform_id,
                            show_progress=show_progress, device=device)
     train, val = _drop_failed(train, store.failed), _drop_failed(val, store.failed)

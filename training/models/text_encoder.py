@@ -21,14 +21,14 @@ from training.models.heads import ProjectionHead
 class GRUTextEncoder(nn.Module):
     def __init__(self, vocab: Vocab, word_dim: int, hidden: int, embed_dim: int, *, layers: int = 1,
                  head_hidden: int = 2048, batchnorm: bool = False, token_dropout: float = 0.0,
-                 max_len: int = 40, embeddings: torch.Tensor | None = None):
+                 max_len: int = 40, embeddings: torch.Tensor | None = None, head: str = "mlp"):
         super().__init__()
         self.vocab, self.max_len, self.token_dropout = vocab, max_len, token_dropout
         self.embed = nn.Embedding(len(vocab), word_dim, padding_idx=vocab.pad_id)
         if embeddings is not None:
             self.embed.weight.data.copy_(embeddings)
         self.gru = nn.GRU(word_dim, hidden, num_layers=layers, batch_first=True, bidirectional=True)
-        self.head = ProjectionHead(2 * hidden, embed_dim, head_hidden, "mlp", batchnorm)
+        self.head = ProjectionHead(2 * hidden, embed_dim, head_hidden, head, batchnorm)
         self.out_dim = embed_dim
 
     def prepare(self, texts: Sequence[str], train: bool = False, generator: torch.Generator | None = None) -> dict:
@@ -51,22 +51,77 @@ class GRUTextEncoder(nn.Module):
 
 
 class SBERTTextEncoder(nn.Module):
-    def __init__(self, model_path: str, embed_dim: int, *, head_hidden: int = 2048, batchnorm: bool = False,
-                 max_len: int = 40):
-        super().__init__()
-        from sentence_transformers import SentenceTransformer
+    """A local sentence-transformers model as the caption encoder, plus a projection head.
 
-        self.st = SentenceTransformer(model_path, device="cpu")
-        self.max_len = max_len
-        self.head = ProjectionHead(self.st.get_sentence_embedding_dimension(), embed_dim, head_hidden, "mlp", batchnorm)
+    ``train_layers``: -1 fine-tunes every transformer layer (TERN fine-tunes BERT this way); 0 keeps
+    the model frozen — its sentence embeddings are computed once (no gradient) and remembered, so
+    training runs the head only; k > 0 fine-tunes the top k layers and freezes the rest.
+    """
+
+    def __init__(self, model_path: str, embed_dim: int, *, train_layers: int = -1, head: str = "mlp",
+                 head_hidden: int = 2048, batchnorm: bool = False, max_len: int = 40):
+        super().__init__()
+        from training.targets import load_sentence_model
+
+        self.st = load_sentence_model(model_path)
+        # word pieces: a caption of max_len words rarely needs more than 2 per word (+ CLS/SEP)
+        self.st.max_seq_length = min(self.st.max_seq_length, 2 * max_len + 2)
+        self.max_len, self.train_layers = max_len, train_layers
+        self.frozen = train_layers == 0
+        dim_of = getattr(self.st, "get_embedding_dimension", None) or self.st.get_sentence_embedding_dimension
+        self.head = ProjectionHead(dim_of(), embed_dim, head_hidden, head, batchnorm)
         self.out_dim = embed_dim
+        self._memory: dict[str, torch.Tensor] = {}
+        if train_layers >= 0:
+            for p in self.st.parameters():
+                p.requires_grad_(False)
+            layers = self.transformer_layers()
+            if train_layers > len(layers):
+                raise ValueError(f"model.sbert_train_layers={train_layers} but the model has {len(layers)} layers")
+            for layer in layers[len(layers) - train_layers:]:
+                for p in layer.parameters():
+                    p.requires_grad_(True)
+
+    def transformer_layers(self) -> list[nn.Module]:
+        for mod in self.st.modules():
+            enc = getattr(mod, "encoder", None)
+            if enc is not None and isinstance(getattr(enc, "layer", None), nn.ModuleList):
+                return list(enc.layer)
+        raise ValueError("cannot find the transformer layers of this sentence-transformers model")
+
+    def frozen_prefixes(self) -> list[str]:
+        """State-dict prefixes rebuilt from the model folder instead of being saved."""
+        return ["st."] if self.frozen else []
+
+    def remember(self, texts: Sequence[str], embeddings: torch.Tensor) -> None:
+        """Seed the frozen-embedding memory (e.g. from the on-disk target cache)."""
+        for t, e in zip(texts, embeddings):
+            self._memory[t] = e
+
+    @torch.no_grad()
+    def _frozen_embeddings(self, texts: Sequence[str]) -> torch.Tensor:
+        from training.models.backbones import cpu_bf16_fast
+
+        missing = list(dict.fromkeys(t for t in texts if t not in self._memory))
+        if missing:
+            dev = next(self.st.parameters()).device
+            ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if dev.type == "cpu" and cpu_bf16_fast()
+                   else torch.autocast(dev.type, enabled=False))
+            with ctx:
+                emb = self.st.encode(missing, batch_size=64, convert_to_tensor=True, show_progress_bar=False)
+            if len(self._memory) + len(missing) > 500_000:  # a long-running server must not grow without bound
+                self._memory.clear()
+            self.remember(missing, emb.float().cpu())
+        return torch.stack([self._memory[t] for t in texts])
 
     def prepare(self, texts: Sequence[str], train: bool = False, generator: torch.Generator | None = None) -> dict:
-        feats = self.st.tokenize(list(texts))
-        return {k: v[:, : self.max_len + 2] for k, v in feats.items()}
+        if self.frozen:
+            return {"sentence_embedding": self._frozen_embeddings(list(texts))}
+        return dict(self.st.tokenize(list(texts)))
 
     def forward(self, batch: dict) -> torch.Tensor:
-        return self.head(self.st(dict(batch))["sentence_embedding"])
+        x = batch["sentence_embedding"] if "sentence_embedding" in batch else self.st(dict(batch))["sentence_embedding"]
+        return self.head(x)
 
 
 def move_batch(batch: dict, device: torch.device) -> dict:
