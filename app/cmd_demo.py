@@ -14,7 +14,7 @@ from pathlib import Path
 
 log = logging.getLogger("ltd.demo")
 
-PRESETS = {"synthetic": ("synthetic_baseline", "synthetic_ltd"), "karpathy": ("flickr8k_baseline", "flickr8k_ltd")}
+PRESETS = {"synthetic": ("synthetic_baseline", "synthetic_ltd"), "karpathy": ("flickr8k_fne_sbert_baseline", "flickr8k_fne_sbert_ltd")}
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -7,8 +7,10 @@ from pathlib import Path
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("experiment", help="run a resumable grid of train → index → eval (seeds, sweeps, shortcuts)")
-    p.add_argument("--config", required=True, help="grid YAML (see app/experiment.py and experiments/*.yaml)")
+    p.add_argument("--config", required=True, help="grid YAML (see app/experiment.py and grids/*.yaml)")
     p.add_argument("--out", help="output folder (default experiments/<grid name>)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override for every cell, after the grid's own 'set' (repeatable), e.g. --set loss.eta=0.15")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes; default 1)")
     p.set_defaults(func=cmd_experiment)
 
@@ -18,7 +20,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
     if args.jobs < 1:
         raise ValueError("--jobs must be at least 1")
-    grid = load_grid(args.config)
+    grid = load_grid(args.config, args.set)
     out = Path(args.out) if args.out else Path("experiments") / grid.name
     res = run_grid(grid, out, n_jobs=args.jobs)
     print((out / "results.md").read_text())

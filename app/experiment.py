@@ -70,7 +70,9 @@ class Grid:
     raw: dict = field(default_factory=dict)
 
 
-def load_grid(path: str | Path) -> Grid:
+def load_grid(path: str | Path, extra_set: list[str] | None = None) -> Grid:
+    """Read and validate a grid file; ``extra_set`` (``ltd experiment --set``) is appended to its
+    common overrides (cells' own ``set`` still win)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"grid file not found: {path}")
@@ -93,10 +95,10 @@ def load_grid(path: str | Path) -> Grid:
             raise ConfigError(f"{path}: cell {c['name']}: unknown keys {sorted(extra)}")
         if c.get("sweep") and len(c["sweep"]) != 1:
             raise ConfigError(f"{path}: cell {c['name']}: sweep one parameter at a time")
-    grid = Grid(name=g.get("name", path.stem), base=g.get("base", "synthetic_baseline"), common=list(g.get("set", [])),
+    grid = Grid(name=g.get("name", path.stem), base=g.get("base", "synthetic_baseline"), common=list(g.get("set", [])) + list(extra_set or []),
                 seeds=[int(s) for s in g.get("seeds", [0])], eval_split=g.get("eval_split", "test"),
                 eval_shortcuts=list(g.get("eval_shortcuts", ["none"])), cells=g["cells"],
-                relevance=g.get("relevance", "rougeL"), raw=g)
+                relevance=g.get("relevance", "rougeL"), raw={**g, "set": list(g.get("set", [])) + list(extra_set or [])})
     for c in grid.cells:  # validate every cell's config up front: fail before hours of training
         for v in (list(c["sweep"].values())[0] if c.get("sweep") else [None]):
             load_config(grid.base, grid.common + list(c.get("set", [])) +
@@ -141,7 +143,8 @@ def _run_all(jobs: list[Job], n_jobs: int) -> list[dict]:
             results.append(_run_job(j))
         return results
     threads = max(1, (os.cpu_count() or 1) // n_jobs)
-    os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by the worker processes
+    # inherited by the worker processes; an explicit OMP_NUM_THREADS from the user wins
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     with ProcessPoolExecutor(n_jobs) as ex:
         return list(ex.map(_run_job, jobs))
 

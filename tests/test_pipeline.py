@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -75,3 +76,25 @@ def test_experiment_grid_validation(tmp_path):
     p.write_text(yaml.safe_dump({"cellz": []}))
     with pytest.raises(ConfigError, match="unknown grid keys"):
         load_grid(p)
+
+
+def test_experiment_extra_set_is_common_and_validated(tmp_path):
+    from app.experiment import load_grid
+    from training.config import ConfigError
+
+    p = tmp_path / "g.yaml"
+    p.write_text(yaml.safe_dump({"set": ["train.epochs=2"], "cells": [{"name": "a", "set": ["loss.mode=constraint"]}]}))
+    g = load_grid(p, ["loss.eta=0.15"])
+    assert g.common == ["train.epochs=2", "loss.eta=0.15"] and g.raw["set"] == g.common
+    with pytest.raises(ConfigError, match="eta"):
+        load_grid(p, ["loss.eta=-1"])
+
+
+def test_shipped_grids_are_valid(monkeypatch, tmp_path):
+    from app.experiment import load_grid
+
+    monkeypatch.setenv("LTD_DATA_DIR", str(tmp_path))
+    grids = sorted((Path(__file__).parent.parent / "grids").glob("*.yaml"))
+    assert len(grids) >= 5
+    for g in grids:
+        assert load_grid(g).cells
