@@ -131,8 +131,23 @@ def _run_job(job: Job) -> dict:
             rep = ensure_evaluated(ix, relevance=job.relevance if split != cfg.data.val_split else None,
                                    show_progress=False)
             out["reports"][tag] = {k: rep[k] for k in REPORT_KEYS if k in rep}
-    out["wall_s"] = round(time.time() - t0, 1)
+    out["wall_s"] = round(time.time() - t0, 1)  # this invocation only (a resumed run is skipped)
+    out["train_s"] = round(_train_seconds(Path(job.run_dir) / "metrics.jsonl"), 1)
     return out
+
+
+def _train_seconds(metrics: Path) -> float:
+    """Sum of the epoch times a run logged (survives resumption, excludes validation)."""
+    total = 0.0
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if row.get("type") == "epoch":
+                total += float(row.get("seconds", 0.0))
+    return total
 
 
 def _run_all(jobs: list[Job], n_jobs: int) -> list[dict]:
@@ -259,6 +274,14 @@ def render_results(results: dict) -> str:
                 continue
             lines.append(f"| {cell} | " + " | ".join(_fmt(m.get(k)) for k in REPORT_KEYS[:8]) + " | "
                          + _fmt(m.get("t2i_nDCG@25_rougeL"), 4) + " |")
+        lines.append("")
+    timed = [r for r in results["runs"] if r.get("train_s")]
+    if timed:
+        lines += ["## Training time", "", "| cell | seconds per run (sum of epoch times, mean) | runs |", "|---|---:|---:|"]
+        for cell in results["summary"]:
+            t = [r["train_s"] for r in timed if r["cell"] == cell]
+            if t:
+                lines.append(f"| {cell} | {np.mean(t):.0f} | {len(t)} |")
         lines.append("")
     lines += ["Every number comes from `results.json` next to this file; per-run reports are under `indexes/`.", ""]
     return "\n".join(lines)

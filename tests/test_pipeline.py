@@ -60,6 +60,9 @@ def test_experiment_grid_runs_and_resumes(tmp_path, capsys):
     assert {p: p.stat().st_mtime for p in out.rglob("checkpoint.pt")} == mtimes
     res2 = json.loads((out / "results.json").read_text())
     assert res2["summary"] == res["summary"]
+    # training time survives resumption (read from metrics.jsonl, not from the skipped invocation)
+    assert [r["train_s"] for r in res2["runs"]] == [r["train_s"] for r in res["runs"]]
+    assert all(r["train_s"] > 0 for r in res2["runs"]) and "## Training time" in (out / "results.md").read_text()
 
 
 def test_experiment_grid_validation(tmp_path):

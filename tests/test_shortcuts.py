@@ -171,6 +171,14 @@ def test_deterministic_by_seed(ds):
     assert not np.array_equal(_px(sc.image_transform(2, img)), _px(sc.image_transform(4, img)))
 
 
+def test_numpy_indices_match_python_ints(ds):
+    # loaders hand out numpy integers; the 64-bit hash must accept them and give the same pixels
+    img = _noise()
+    sc = apply_shortcuts("unique", ds, seed=0)
+    assert np.array_equal(_px(sc.image_transform(np.int64(7), img)), _px(sc.image_transform(7, img)))
+    assert sc.number(np.int64(7)) == sc.number(7)
+
+
 def test_transform_pickles(ds):
     for setting in ("unique", "image_only", "bits:5"):
         sc = apply_shortcuts(setting, ds, seed=4)

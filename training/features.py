@@ -64,7 +64,7 @@ class FeatureStore:
 class _ImageViews(torch.utils.data.Dataset):
     def __init__(self, paths: Sequence[Path], indices: Sequence[int], pre: Preprocess, n_views: int,
                  transform: ImageTransform | None):
-        self.paths, self.indices, self.pre, self.n_views, self.transform = paths, list(indices), pre, n_views, transform
+        self.paths, self.indices, self.pre, self.n_views, self.transform = paths, [int(i) for i in indices], pre, n_views, transform
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -73,13 +73,13 @@ class _ImageViews(torch.utils.data.Dataset):
         idx = self.indices[i]
         try:
             views = self.pre.crops(load_image(self.paths[idx]), self.n_views)
-            if self.transform is not None:
-                views = [self.transform(idx, v) for v in views]
-            return idx, torch.stack([self.pre.to_tensor(v) for v in views]), ""
         except ImageError as e:
             return idx, None, str(e)
-        except Exception as e:  # a long run never dies on one file
+        except Exception as e:  # a long run never dies on one odd file
             return idx, None, f"{self.paths[idx]}: {type(e).__name__}: {e}"
+        if self.transform is not None:  # outside the try: a failing transform is a bug, not a bad file,
+            views = [self.transform(idx, v) for v in views]  # and must stop the run, not mark images failed
+        return idx, torch.stack([self.pre.to_tensor(v) for v in views]), ""
 
 
 def _collate(items):

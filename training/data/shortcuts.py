@@ -54,8 +54,8 @@ def _splitmix64(x: int) -> int:
 def _mix(*parts: int) -> int:
     """A stable 64-bit hash of integers (the same in every process, unlike ``hash``)."""
     h = 0
-    for p in parts:
-        h = _splitmix64(h ^ (p & _M64))
+    for p in parts:  # int(): numpy integers (indices from a loader) overflow on the 64-bit mask
+        h = _splitmix64(h ^ (int(p) & _M64))
     return h
 
 

@@ -1,0 +1,104 @@
+"""Frozen-backbone feature cache: exact features, resume, bad files skipped, transform bugs fatal."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from training.data.images import Preprocess
+from training.features import DONE, FAILED, TODO, extract_features, lookup_features
+from training.models.backbones import Backbone
+
+
+class MeanColour(Backbone):
+    """A tiny deterministic 'CNN': per-channel mean and max of the crop."""
+
+    def __init__(self):
+        super().__init__()
+        self.name, self.features, self.weights_id, self.out_dim = "mean_colour", "pooled", "none", 6
+        self.preprocess = Preprocess(size=16, resize=16)
+        self.calls = 0
+
+    def extract(self, images: torch.Tensor) -> torch.Tensor:
+        self.calls += len(images)
+        return torch.cat([images.mean((2, 3)), images.amax((2, 3))], 1)
+
+
+def _images(tmp_path, n=6):
+    paths = []
+    for i in range(n):
+        p = tmp_path / f"img{i}.png"
+        Image.new("RGB", (20, 24), (40 * i, 255 - 30 * i, 7 * i)).save(p)
+        paths.append(p)
+    return paths
+
+
+def _expected(bb: MeanColour, path) -> np.ndarray:
+    x = bb.preprocess(Image.open(path).convert("RGB"))[None]
+    return bb.extract(x)[0].numpy()
+
+
+def test_features_match_direct_extraction_and_are_cached(tmp_path):
+    paths = _images(tmp_path)
+    bb = MeanColour()
+    store = extract_features(bb, paths, cache_dir=tmp_path / "cache", batch_size=4, workers=0, show_progress=False)
+    assert store.features.shape == (6, 1, 6) and not store.failed
+    for i, p in enumerate(paths):
+        np.testing.assert_allclose(store.features[i, 0], _expected(MeanColour(), p), atol=2e-3)  # float16
+    calls = bb.calls
+    again = extract_features(bb, paths, cache_dir=tmp_path / "cache", workers=0, show_progress=False)
+    assert bb.calls == calls and again.key == store.key  # nothing recomputed
+    assert lookup_features(bb, paths, cache_dir=tmp_path / "cache").key == store.key
+    assert lookup_features(bb, paths[:3], cache_dir=tmp_path / "cache") is None  # another image list
+
+
+def test_resume_extracts_only_what_is_left(tmp_path):
+    paths = _images(tmp_path)
+    bb = MeanColour()
+    store = extract_features(bb, paths, cache_dir=tmp_path / "c", workers=0, show_progress=False)
+    status = np.lib.format.open_memmap(store.path / "status.npy", mode="r+")
+    status[4:] = TODO  # as if killed after four images
+    status.flush()
+    assert lookup_features(bb, paths, cache_dir=tmp_path / "c") is None
+    bb.calls = 0
+    extract_features(bb, paths, cache_dir=tmp_path / "c", workers=0, show_progress=False)
+    assert bb.calls == 2
+    assert (np.load(store.path / "status.npy") == DONE).all()
+
+
+def test_unreadable_files_are_skipped_and_listed(tmp_path):
+    paths = _images(tmp_path, 4)
+    (tmp_path / "img1.png").write_bytes(b"not an image")
+    paths.append(tmp_path / "missing.jpg")
+    store = extract_features(MeanColour(), paths, cache_dir=tmp_path / "c", workers=0, show_progress=False)
+    assert sorted(store.failed) == [1, 4]
+    assert "not a recognised image" in store.failed[1] and "cannot open" in store.failed[4]
+    assert (np.load(store.path / "status.npy")[[1, 4]] == FAILED).all()
+    assert np.abs(store.features[[0, 2, 3]]).sum() > 0
+
+
+def test_a_failing_transform_stops_the_run_instead_of_failing_every_image(tmp_path):
+    paths = _images(tmp_path, 3)
+
+    def broken(index, view):
+        raise OverflowError("bug in the transform")
+
+    with pytest.raises(OverflowError, match="bug in the transform"):
+        extract_features(MeanColour(), paths, cache_dir=tmp_path / "c", workers=0, show_progress=False,
+                         transform=broken, transform_id="broken")
+    store_dirs = list((tmp_path / "c" / "features").iterdir())
+    assert len(store_dirs) == 1 and not (store_dirs[0] / "failed.json").exists()
+
+
+def test_transform_sees_python_int_indices_and_every_view(tmp_path):
+    paths = _images(tmp_path, 3)
+    seen = []
+
+    def record(index, view):
+        seen.append(type(index))
+        return view
+
+    extract_features(MeanColour(), paths, cache_dir=tmp_path / "c", n_views=2, workers=0, show_progress=False,
+                     transform=record, transform_id="record")
+    assert seen == [int] * 6
