@@ -252,6 +252,44 @@ def _fmt(st: dict | None, digits: int = 1) -> str:
     return f"{st['mean']:.{digits}f} ± {st['std']:.{digits}f}" if st["n"] > 1 else f"{st['mean']:.{digits}f}"
 
 
+def paired_differences(results: dict, tag: str, key: str = "rsum") -> dict[str, dict]:
+    """Per cell, ``key`` minus the reference cell's (the first cell) on the same seeds: mean, sample std
+    and how many seeds the cell is ahead. Seed-matched differences cancel what seeds share (feature
+    cache, data order), so they say more than comparing two means with overlapping spreads."""
+    cells = list(results["summary"])
+    if len(cells) < 2:
+        return {}
+    def by_seed(cell: str) -> dict[int, float]:
+        return {r["seed"]: r["reports"][tag][key] for r in results["runs"]
+                if r["cell"] == cell and key in r["reports"].get(tag, {})}
+    ref = by_seed(cells[0])
+    out = {}
+    for cell in cells[1:]:
+        mine = by_seed(cell)
+        seeds = sorted(set(ref) & set(mine))
+        if len(seeds) < 2:
+            continue
+        d = [mine[s] - ref[s] for s in seeds]
+        out[cell] = {**_stats(d), "seeds": seeds, "ahead": int(sum(x > 0 for x in d))}
+    return out
+
+
+def _paired_lines(results: dict, tags: list[str]) -> list[str]:
+    ref = next(iter(results["summary"]), "")
+    rows = []
+    for tag in tags:
+        rsum, ndcg = paired_differences(results, tag), paired_differences(results, tag, "t2i_nDCG@25_rougeL")
+        for cell, d in rsum.items():
+            n = ndcg.get(cell)
+            rows.append(f"| {tag} | {cell} | {d['mean']:+.1f} ± {d['std']:.1f} | {d['ahead']}/{d['n']} | "
+                        + (f"{n['mean']:+.4f} ± {n['std']:.4f} | {n['ahead']}/{n['n']} |" if n else "– | – |"))
+    if not rows:
+        return []
+    return [f"## Paired with `{ref}` (same seeds)", "",
+            "| split | cell | Δ rsum (mean ± std) | seeds ahead | Δ t2i nDCG | seeds ahead |",
+            "|---|---|---:|---:|---:|---:|", *rows, ""]
+
+
 def render_results(results: dict) -> str:
     split = results["eval_split"]
     lines = [f"# Experiment {results['name']}", "",
@@ -275,6 +313,7 @@ def render_results(results: dict) -> str:
             lines.append(f"| {cell} | " + " | ".join(_fmt(m.get(k)) for k in REPORT_KEYS[:8]) + " | "
                          + _fmt(m.get("t2i_nDCG@25_rougeL"), 4) + " |")
         lines.append("")
+    lines += _paired_lines(results, tags)
     timed = [r for r in results["runs"] if r.get("train_s")]
     if timed:
         lines += ["## Training time", "", "| cell | seconds per run (sum of epoch times, mean) | runs |", "|---|---:|---:|"]

@@ -101,3 +101,24 @@ def test_shipped_grids_are_valid(monkeypatch, tmp_path):
     assert len(grids) >= 5
     for g in grids:
         assert load_grid(g).cells
+
+
+def test_paired_differences_match_by_seed():
+    from app.experiment import paired_differences, render_results
+
+    def run(cell, seed, rsum, ndcg):
+        return {"cell": cell, "seed": seed, "reports": {"test": {"rsum": rsum, "t2i_nDCG@25_rougeL": ndcg}}}
+
+    runs = [run("baseline", 0, 100.0, 0.60), run("baseline", 1, 110.0, 0.61), run("baseline", 2, 90.0, 0.62),
+            run("ltd", 2, 93.0, 0.63), run("ltd", 0, 104.0, 0.60), run("ltd", 1, 109.0, 0.64),
+            run("itd", 0, 120.0, 0.70)]  # one seed: no paired row
+    summary = {"baseline": {"test": {}}, "ltd": {"test": {}}, "itd": {"test": {}}}
+    results = {"name": "g", "base": "b", "common": [], "seeds": [0, 1, 2], "eval_split": "test",
+               "val_split": "val", "selection": {}, "runs": runs, "summary": summary,
+               "machine": {"cpu": "x", "cores": 2}}
+    d = paired_differences(results, "test")
+    assert set(d) == {"ltd"} and d["ltd"]["values"] == [4.0, -1.0, 3.0] and d["ltd"]["ahead"] == 2
+    assert abs(d["ltd"]["mean"] - 2.0) < 1e-9 and abs(d["ltd"]["std"] - 2.6457513) < 1e-6
+    md = render_results(results)
+    assert "## Paired with `baseline` (same seeds)" in md
+    assert "| test | ltd | +2.0 ± 2.6 | 2/3 | +0.0133 ± 0.0153 | 2/3 |" in md
