@@ -44,6 +44,7 @@ test: install-test browser-deps
 bench: install-test
 	$(BIN)/python bench/train_throughput.py
 	$(BIN)/python bench/eval_speed.py
+	$(BIN)/python bench/data_synth.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

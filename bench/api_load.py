@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench._common import replace_section  # noqa: E402
 
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 SECTION = "## REST API load (bench/api_load.py)"
@@ -324,15 +325,7 @@ def render(r: dict) -> str:
 
 
 def write_section(text: str) -> None:
-    old = BENCHMARKS.read_text() if BENCHMARKS.exists() else "# Benchmarks\n"
-    start = old.find(SECTION)
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        m = re.compile(r"^## ", re.M).search(old, start + len(SECTION))
-        end = m.start() if m else len(old)
-        new = old[:start] + text + ("\n" + old[end:] if m else "")
-    BENCHMARKS.write_text(new.rstrip("\n") + "\n")
+    replace_section(SECTION, text, BENCHMARKS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import platform
-import re
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench._common import replace_section  # noqa: E402
 SECTION = "## Training throughput (bench/train_throughput.py)"
 
 
@@ -151,10 +151,7 @@ def render(res: dict) -> str:
 
 
 def write_section(text: str, path: Path = ROOT / "BENCHMARKS.md") -> None:
-    cur = path.read_text() if path.exists() else "# Benchmarks\n"
-    pat = re.compile(re.escape(SECTION) + r".*?(?=\n## |\Z)", re.S)
-    new = pat.sub(text.rstrip() + "\n", cur) if pat.search(cur) else cur.rstrip() + "\n\n" + text
-    path.write_text(new)
+    replace_section(SECTION, text, path)
 
 
 def main(argv: list[str] | None = None) -> int:
