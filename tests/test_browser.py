@@ -1,15 +1,8 @@
-"""The UI in a real browser: a server in a subprocess, headless Chromium driven by Playwright.
+"""The UI in a real browser: `ltd serve` in a subprocess, headless Chromium driven by Playwright.
 
 Runs a text search and a compare (and opens an Explorer row and the Training tab), checks that the
 result images really load and that both compare columns render, and saves screenshots to
 artifacts/screenshots/ for people to look at.
-
-The server is ``ltd serve`` when it mounts the UI; when it does not (the app is still being wired),
-the same REST app (``app.main.create_app`` with ``ui=False``) plus this UI mounted here — see
-``serve_fallback`` — so the test still exercises the UI over the real thumbnail route.
-
-Run this file as a script (``python tests/test_browser.py --port P --model bl=DIR ...``) to start that
-fallback server by hand.
 """
 from __future__ import annotations
 
@@ -21,7 +14,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import warnings
 from pathlib import Path
 
 import pytest
@@ -86,20 +78,12 @@ def server(tiny_index_pair, tmp_path_factory):
     logs = tmp_path_factory.mktemp("server")
     models = [f"bl={tiny_index_pair['bl']}", f"ltd={tiny_index_pair['ltd']}"]
     model_args = [a for m in models for a in ("--model", m)]
-    proc = None
-    if (ROOT / "app" / "cmd_serve.py").is_file():
-        port = _free_port()
-        proc, base = _start([sys.executable, "-m", "app.cli", "serve", *model_args, "--port", str(port)], port,
-                            logs / "serve.log")
-        if _status(base + "/ui/") != 200:
-            warnings.warn("`ltd serve` does not mount the UI at /ui (app/main.py must mount ui.blocks.build_ui "
-                          "with theme=THEME, css=CSS): testing the UI on the fallback server instead")
-            _stop(proc)
-            proc = None
-    if proc is None:
-        port = _free_port()
-        proc, base = _start([sys.executable, str(Path(__file__).resolve()), "--port", str(port), *model_args], port,
-                            logs / "fallback.log")
+    port = _free_port()
+    proc, base = _start([sys.executable, "-m", "app.cli", "serve", *model_args, "--port", str(port)], port,
+                        logs / "serve.log")
+    if _status(base + "/ui/") != 200:
+        _stop(proc)
+        pytest.fail("`ltd serve` answers /api/health but does not serve the UI at /ui/")
     yield base
     _stop(proc)
 
@@ -199,57 +183,3 @@ def test_training_tab_shows_report_and_curves(page):
     assert "rsum" in page.locator("#training-report").inner_text()
     page.screenshot(path=str(SHOTS / "training.png"), full_page=True)
     assert not page.errors, page.errors  # type: ignore[attr-defined]
-
-
-# ---- the fallback server ----------------------------------------------------------------------
-def serve_fallback(models: dict[str, str], port: int) -> None:
-    """The REST app without its own UI, plus this UI mounted the way create_app should mount it."""
-    import threading
-
-    import gradio as gr
-    import uvicorn
-
-    from ui.blocks import build_ui
-    from ui.theme import CSS, THEME
-
-    try:
-        from app.main import create_app
-        from app.settings import Settings
-
-        app = create_app(Settings(models=models, ui=False))
-        service = app.state.service
-    except ImportError:  # no REST app yet: the two routes the UI needs
-        from fastapi import FastAPI, Response
-
-        from app.service import SearchService, ServiceError
-
-        service = SearchService(models)
-        threading.Thread(target=service.load, daemon=True).start()
-        app = FastAPI()
-
-        @app.get("/api/health")
-        def health():
-            ok = service.ready.is_set()
-            return Response('{"status": "ok"}' if ok else '{"status": "loading"}', status_code=200 if ok else 503,
-                            media_type="application/json")
-
-        @app.get("/api/images/{image_id}/thumbnail")
-        def thumbnail(image_id: int, size: int = 256, model: str | None = None):
-            try:
-                return Response(service.thumbnail(image_id, size, model or None), media_type="image/jpeg")
-            except ServiceError as e:
-                return Response(e.detail, status_code=e.status)
-
-    app = gr.mount_gradio_app(app, build_ui(service), path="/ui", theme=THEME, css=CSS)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
-
-
-if __name__ == "__main__":
-    import argparse
-
-    sys.path.insert(0, str(ROOT))
-    ap = argparse.ArgumentParser(description="serve the UI (fallback server of the browser test)")
-    ap.add_argument("--port", type=int, default=7860)
-    ap.add_argument("--model", action="append", default=[], metavar="NAME=INDEX_DIR")
-    a = ap.parse_args()
-    serve_fallback(dict(m.split("=", 1) for m in a.model), a.port)

@@ -65,6 +65,7 @@ def figure_from_rows(series: list[tuple[str, float | None, list[dict]]], smooth:
     fig, axes = plt.subplots(2, 2, figsize=figsize, constrained_layout=True)
     (ax_lam, ax_rec), (ax_con, ax_val) = axes
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    lam_floor, lam_clipped = 1e-4, False  # λ = 0 (constraint met) cannot sit on a log axis
     for i, (label, eta, rows) in enumerate(series):
         steps, vals = split_rows(rows)
         c = colours[i % len(colours)]
@@ -81,7 +82,8 @@ def figure_from_rows(series: list[tuple[str, float | None, list[dict]]], smooth:
 
         xs, ys = series_of("lambda")
         if xs:
-            ax_lam.plot(xs, [max(y, 1e-4) for y in ys], color=c, label=label)
+            lam_clipped = lam_clipped or min(ys) < lam_floor
+            ax_lam.plot(xs, [max(y, lam_floor) for y in ys], color=c, label=label)
         xs, ys = series_of("l_rec")
         if xs:
             ax_rec.plot(xs, ys, color=c, label=label)
@@ -92,7 +94,8 @@ def figure_from_rows(series: list[tuple[str, float | None, list[dict]]], smooth:
         pts = [(r["epoch"], r["rsum"]) for r in vals if "rsum" in r]
         if pts:
             ax_val.plot(*zip(*pts), marker="o", color=c, label=label)
-    ax_lam.set(title="Lagrange multiplier λ", xlabel="step", yscale="log")
+    ax_lam.set(title="Lagrange multiplier λ" + (" (λ = 0 drawn at 10⁻⁴)" if lam_clipped else ""), xlabel="step",
+               yscale="log")
     lam = [y for line in ax_lam.lines for y in line.get_ydata()]
     if lam and max(lam) / max(min(lam), 1e-12) < 10:  # within one decade: plain tick labels, not 1.02×10⁰
         plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")

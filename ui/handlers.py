@@ -403,11 +403,8 @@ def legend_html(direction: str, has_gt: bool) -> str:
 def search_text(service: SearchService, model: str, text: str | None, picked: dict | None, k: Any,
                 thumbs: ThumbSrc) -> str:
     """Text → images: a grid of thumbnails, ground truth outlined when the query is a dataset caption."""
-    q = text_query(text, picked)
-    res = service.search_text(model, k=parse_k(k), **q)
-    return (f'<div class="ltd-result">{query_html(service, model, res, thumbs)}'
-            f'<div class="ltd-bar">{metrics_html(res.metrics)}{legend_html("t2i", res.metrics is not None)}{_timing(res)}</div>'
-            f"{image_grid_html(res, thumbs)}</div>")
+    res = service.search_text(model, k=parse_k(k), **text_query(text, picked))
+    return _result_html(query_html(service, model, res, thumbs), res, "t2i", image_grid_html(res, thumbs))
 
 
 @guarded
@@ -416,9 +413,15 @@ def search_image(service: SearchService, model: str, image_id: Any, upload_path:
     """Image → captions: a ranked list, ground-truth captions marked when the image is a dataset image."""
     q = image_query(image_id, upload_path)
     res = service.search_image(model, k=parse_k(k), **q)
-    return (f'<div class="ltd-result">{query_html(service, model, res, thumbs, q.get("image_bytes"))}'
-            f'<div class="ltd-bar">{metrics_html(res.metrics)}{legend_html("i2t", res.metrics is not None)}{_timing(res)}</div>'
-            f"{caption_list_html(res, thumbs)}</div>")
+    return _result_html(query_html(service, model, res, thumbs, q.get("image_bytes")), res, "i2t",
+                        caption_list_html(res, thumbs))
+
+
+def _result_html(query: str, res: Any, direction: str, ranking: str) -> str:
+    """One search result: the query, a bar with metrics / legend / timing, then the ranking."""
+    return (f'<div class="ltd-result">{query}'
+            f'<div class="ltd-bar">{metrics_html(res.metrics)}{legend_html(direction, res.metrics is not None)}'
+            f'{_timing(res)}</div>{ranking}</div>')
 
 
 # ---- Compare tab -------------------------------------------------------------------------------
