@@ -177,8 +177,10 @@ def _ndcg(rel: np.ndarray, ranked: np.ndarray, gain: str) -> np.ndarray:
         rel = rel.astype(np.float64)
     k = ranked.shape[1]
     disc = _discounts(k)
-    dcg = _gains(np.take_along_axis(rel, ranked, axis=1).astype(np.float64), gain) @ disc
-    idcg = _gains(_top_values(rel, k), gain) @ disc
+    # Row-wise sums, not ``@ disc``: BLAS picks kernels by matrix shape, so a matrix-vector product can
+    # round a row differently depending on how many rows share the call, i.e. on the chunk size.
+    dcg = np.sum(_gains(np.take_along_axis(rel, ranked, axis=1).astype(np.float64), gain) * disc, axis=1)
+    idcg = np.sum(_gains(_top_values(rel, k), gain) * disc, axis=1)
     return np.where(idcg > 0, dcg / np.where(idcg > 0, idcg, 1.0), 0.0)
 
 
