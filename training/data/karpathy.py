@@ -194,8 +194,8 @@ def parse_karpathy(
     if missing and not drop_missing:
         raise DatasetError(
             f"{len(missing)} of {len(data['images'])} images listed in {json_path} are missing under "
-            f"{root}; first: {', '.join(missing[:3])}. Fix the images root (--images-root / "
-            f"data.images_root) or drop them (--drop-missing / data.drop_missing=true)."
+            f"{root}; first: {', '.join(missing[:3])}. Fix the images root (--set data.images_root=DIR, or "
+            f"--images-root where a command has it) or drop them (--set data.drop_missing=true)."
         )
     if missing:
         log.warning("dropped %d images missing on disk (first: %s)", len(missing), missing[:3])
