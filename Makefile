@@ -2,7 +2,7 @@
 PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-export OMP_WAIT_POLICY ?= PASSIVE
+# OMP_WAIT_POLICY is chosen per command by the app (app/__init__.py): PASSIVE for `ltd serve` only.
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
