@@ -157,11 +157,19 @@ def _run_all(jobs: list[Job], n_jobs: int) -> list[dict]:
             log.info("[%d/%d] %s seed %d", i, len(jobs), j.label or j.cell, j.seed)
             results.append(_run_job(j))
         return results
-    threads = max(1, (os.cpu_count() or 1) // n_jobs)
-    # inherited by the worker processes; an explicit OMP_NUM_THREADS from the user wins
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    with ProcessPoolExecutor(n_jobs) as ex:
+    # cores / jobs torch threads per worker (an explicit OMP_NUM_THREADS from the user wins). Set in
+    # each worker, not only in the environment: forked workers inherit this process's OpenMP pool,
+    # which was sized when torch was first imported.
+    threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // n_jobs))
+    with ProcessPoolExecutor(n_jobs, initializer=_limit_threads, initargs=(threads,)) as ex:
         return list(ex.map(_run_job, jobs))
+
+
+def _limit_threads(threads: int) -> None:
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # for anything the worker starts
+    torch.set_num_threads(threads)
 
 
 def _stats(values: list[float]) -> dict:

@@ -56,7 +56,8 @@ def test_experiment_grid_runs_and_resumes(tmp_path, capsys):
     # resume: a second invocation trains nothing (checkpoints untouched) and reproduces the results
     mtimes = {p: p.stat().st_mtime for p in out.rglob("checkpoint.pt")}
     assert len(mtimes) == 2 * 2 + 1  # 2 sweep values × seed 0 (one reused by the main phase) + seed 1 for each cell
-    assert main(["experiment", "--config", str(gpath), "--out", str(out)]) == 0
+    # (through the parallel path: two worker processes, one torch thread each)
+    assert main(["experiment", "--config", str(gpath), "--out", str(out), "--jobs", "2"]) == 0
     assert {p: p.stat().st_mtime for p in out.rglob("checkpoint.pt")} == mtimes
     res2 = json.loads((out / "results.json").read_text())
     assert res2["summary"] == res["summary"]
