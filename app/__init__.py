@@ -8,7 +8,8 @@ them once. The OpenMP wait policy depends on the command:
 - everything else (train, experiment, demo, index, eval) keeps the OpenMP default (spin briefly,
   then sleep). PASSIVE makes every parallel region pay a sleep/wake-up, which the GRU caption
   encoder's hundreds of small per-time-step regions feel most: one Flickr8k epoch of the
-  ``flickr8k_ltd`` preset took 92 s with PASSIVE and 51 s without on a 2-core VM (BENCHMARKS.md).
+  ``flickr8k_ltd`` preset took 92 s with PASSIVE and 53 s with the default on a 2-core VM
+  (BENCHMARKS.md).
 
 A value the user set always wins.
 """
