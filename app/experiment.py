@@ -234,7 +234,7 @@ def run_grid(grid: Grid, out: Path, n_jobs: int = 1) -> dict:
                "eval_split": grid.eval_split, "val_split": val_split, "selection": selection,
                "sweep_runs": sweep_results, "runs": main_results, "summary": summary,
                "machine": machine_description(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
-    from training.data.convert import write_json_atomic
+    from training.fsio import write_json_atomic
     write_json_atomic(out / "results.json", results, indent=2, default=str)
     (out / "results.md").write_text(render_results(results))
     plot_groups(results, out)

@@ -5,7 +5,6 @@ middle resumes from its last checkpoint.
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -67,9 +66,10 @@ def ensure_indexed(checkpoint: Path, dataset: str | Path, split: str, index_dir:
 def ensure_evaluated(ix: IndexDir, *, relevance: str | None = "rougeL", show_progress: bool = True) -> dict:
     from indexer.evaluate import evaluate_index, write_report
 
-    p = ix.path / "report.json"
-    if p.is_file():
-        rep = json.loads(p.read_text())
+    from indexer.evaluate import load_report
+
+    rep = load_report(ix.path, ix.generation)
+    if rep is not None:
         meta = rep.get("meta", {})
         if meta.get("checkpoint_sha256") == ix.manifest.get("checkpoint_sha256") and meta.get("relevance") == (
                 "rougeL" if relevance and relevance.lower().startswith("rouge") else relevance):

@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from training.fsio import atomic_write_text
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 
@@ -18,6 +20,4 @@ def replace_section(section: str, text: str, path: Path = BENCHMARKS) -> None:
     pat = re.compile(r"^" + re.escape(section) + r"\n.*?(?=^## |\Z)", re.S | re.M)
     body = text.rstrip("\n") + "\n"
     new = pat.sub(lambda _: body + "\n", cur, count=1) if pat.search(cur) else cur.rstrip("\n") + "\n\n" + body
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(new.rstrip("\n") + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, new.rstrip("\n") + "\n")

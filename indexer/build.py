@@ -3,6 +3,7 @@ and/or a text file of captions, no ground truth), and append to existing ones.""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,8 +11,10 @@ import numpy as np
 import torch
 
 from indexer.embed import embed_captions, embed_image_features, embed_image_files
-from indexer.index import IndexDir, IndexDirError, Modality, VectorIndex, append_to_index_dir, load_index_dir, save_index_dir
-from training.checkpoint import load_checkpoint, model_from_checkpoint, sha256_file, versions
+from indexer.index import (IndexDir, IndexDirError, Modality, VectorIndex, append_to_index_dir, check_target,
+                           open_for_append, relative_to_index, save_index_dir)
+from training.checkpoint import load_checkpoint, model_from_checkpoint, versions
+from training.fsio import sha256_file
 from training.data.karpathy import load_karpathy
 from training.data.shortcuts import apply_shortcuts
 from training.features import extract_features, load_precomputed, lookup_features
@@ -47,6 +50,12 @@ def load_model(checkpoint: str | Path, device: str = "cpu") -> LoadedModel:
     return LoadedModel(model, cfg, checkpoint, sha256_file(checkpoint), meta)
 
 
+def _checkpoint_fields(lm: LoadedModel, out: str | Path) -> dict:
+    """Where the checkpoint is: relative to the index (found again when both move together) and absolute."""
+    return {"checkpoint": str(lm.checkpoint), "checkpoint_relative": relative_to_index(Path(out), lm.checkpoint),
+            "checkpoint_sha256": lm.sha256}
+
+
 def _dataset_image_features(lm: LoadedModel, ds, idx: list[int], transform, transform_id: str,
                             show_progress: bool) -> tuple[torch.Tensor, dict[int, str]]:
     """Backbone features (views averaged) of dataset images ``idx``; reuses the training cache over the
@@ -73,8 +82,10 @@ def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str,
                         factory: str = "Flat", images_root: str | None = None, shortcuts: str = "none",
                         overwrite: bool = False, show_progress: bool = True, device: str = "cpu",
                         name: str | None = None) -> IndexDir:
-    lm = load_model(checkpoint, device)
+    check_target(Path(out), overwrite)
     ds = load_karpathy(dataset, images_root=images_root, drop_missing=True)
+    ds.split(split)  # an unknown split fails here, before the model loads
+    lm = load_model(checkpoint, device)
     sp = ds.split(split)
     sc = apply_shortcuts(shortcuts, ds, seed=lm.cfg.train.seed, evaluation=True)
     idx = [im.index for im in sp.images]
@@ -103,7 +114,7 @@ def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str,
     if any(c.annid is not None for c in sp.captions):
         captions_meta["annids"] = [c.annid for c in sp.captions]
     skipped = [{"file": str(sp.images[k].path), "reason": r} for k, r in sorted(failed.items())]
-    manifest = {"name": name or Path(out).name, "checkpoint": str(lm.checkpoint), "checkpoint_sha256": lm.sha256,
+    manifest = {"name": name or Path(out).name, **_checkpoint_fields(lm, out),
                 "model": lm.meta, "dataset": {"name": ds.name, "json": str(ds.json_path), "split": sp.name,
                                               "images_root": str(ds.root)},
                 "ground_truth": True, "shortcuts": shortcuts, "factory": factory, "metric": "inner_product",
@@ -112,50 +123,91 @@ def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str,
                           Modality(VectorIndex.build(txt_vecs, factory), txt_vecs, captions_meta), overwrite=overwrite)
 
 
-def _corpus_items(lm: LoadedModel, images_dir: str | Path | None, captions_file: str | Path | None, start_image_id: int,
-                  start_caption_id: int, show_progress: bool):
-    img_vecs = np.zeros((0, lm.model.image.embed_dim), np.float32)
-    images_meta: dict = {"ids": [], "filenames": [], "paths": [], "captions": []}
-    skipped: list[dict] = []
+def check_corpus_inputs(images_dir: str | Path | None, captions_file: str | Path | None) -> None:
+    """Fail before any model loads: the folder and the captions file must exist and hold something."""
+    if not images_dir and not captions_file:
+        raise ValueError("a corpus index needs --images-dir and/or --captions-file")
     if images_dir:
         folder = Path(images_dir)
         if not folder.is_dir():
-            raise FileNotFoundError(f"images folder not found: {folder}")
-        files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTS)
+            raise FileNotFoundError(f"--images-dir: folder not found: {folder}")
+        if not any(p.is_file() and p.suffix.lower() in IMAGE_EXTS for p in folder.rglob("*")):
+            raise ValueError(f"--images-dir: no image files ({', '.join(sorted(IMAGE_EXTS))}) under {folder}")
+    if captions_file:
+        path = Path(captions_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"--captions-file: file not found: {path}")
+
+
+def image_files(folder: Path) -> list[Path]:
+    """The images under ``folder`` (subfolders included), by extension, in a stable order."""
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTS)
+
+
+def read_captions_file(path: Path) -> list[str]:
+    """One caption per non-empty line (UTF-8; undecodable bytes replaced)."""
+    return [ln.strip() for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+
+
+def _corpus_items(lm: LoadedModel, images_dir: str | Path | None, captions_file: str | Path | None, start_image_id: int,
+                  start_caption_id: int, show_progress: bool, *, known_images: set[str] = frozenset(),
+                  known_texts: set[str] = frozenset()):
+    """Embeddings and metadata of a folder's images and a file's captions. Items already in the index
+    (``known_images``: content sha256; ``known_texts``: caption text) are left out, so an append that
+    is run twice adds nothing the second time."""
+    img_vecs = np.zeros((0, lm.model.image.embed_dim), np.float32)
+    images_meta: dict = {"ids": [], "filenames": [], "paths": [], "captions": [], "sha256": []}
+    skipped: list[dict] = []
+    if images_dir:
+        folder = Path(images_dir)
+        files = image_files(folder)
         if not files:
             raise ValueError(f"no image files ({', '.join(sorted(IMAGE_EXTS))}) under {folder}")
-        img_vecs, failed = embed_image_files(lm.model, files, show_progress=show_progress)
-        ok = [p for k, p in enumerate(files) if k not in failed]
-        skipped = [{"file": str(files[k]), "reason": r} for k, r in sorted(failed.items())]
-        images_meta = {"ids": list(range(start_image_id, start_image_id + len(ok))),
-                       "filenames": [str(p.relative_to(folder)) for p in ok],
-                       "paths": [str(p.resolve()) for p in ok], "captions": [[] for _ in ok]}
+        digests = [sha256_file(p) for p in files]
+        seen = set(known_images)
+        new = []
+        for p, d in zip(files, digests):
+            if d not in seen:
+                seen.add(d)
+                new.append((p, d))
+        if len(new) < len(files):
+            log.info("%d of %d images are already in the index: skipped", len(files) - len(new), len(files))
+        if new:
+            img_vecs, failed = embed_image_files(lm.model, [p for p, _ in new], show_progress=show_progress)
+            ok = [(p, d) for k, (p, d) in enumerate(new) if k not in failed]
+            skipped = [{"file": str(new[k][0]), "reason": r} for k, r in sorted(failed.items())]
+            images_meta = {"ids": list(range(start_image_id, start_image_id + len(ok))),
+                           "filenames": [str(p.relative_to(folder)) for p, _ in ok],
+                           "paths": [str(p.resolve()) for p, _ in ok], "captions": [[] for _ in ok],
+                           "sha256": [d for _, d in ok]}
     txt_vecs = np.zeros((0, lm.model.text.out_dim), np.float32)
     captions_meta: dict = {"ids": [], "texts": [], "image": []}
     if captions_file:
         path = Path(captions_file)
-        if not path.is_file():
-            raise FileNotFoundError(f"captions file not found: {path}")
-        texts = [ln.strip() for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
-        if not texts:
+        all_texts = read_captions_file(path)
+        if not all_texts:
             raise ValueError(f"{path} has no captions (one per line expected)")
-        txt_vecs = embed_captions(lm.model, texts, show_progress=show_progress)
-        captions_meta = {"ids": list(range(start_caption_id, start_caption_id + len(texts))), "texts": texts,
-                         "image": [-1] * len(texts)}
+        texts = [t for t in dict.fromkeys(all_texts) if t not in known_texts] if known_texts else all_texts
+        if len(texts) < len(all_texts) and known_texts:
+            log.info("%d of %d captions are already in the index: skipped", len(all_texts) - len(texts), len(all_texts))
+        if texts:
+            txt_vecs = embed_captions(lm.model, texts, show_progress=show_progress)
+            captions_meta = {"ids": list(range(start_caption_id, start_caption_id + len(texts))), "texts": texts,
+                             "image": [-1] * len(texts)}
     return img_vecs, images_meta, txt_vecs, captions_meta, skipped
 
 
 def build_corpus_index(checkpoint: str | Path, out: str | Path, *, images_dir: str | Path | None = None,
                        captions_file: str | Path | None = None, factory: str = "Flat", overwrite: bool = False,
                        show_progress: bool = True, device: str = "cpu", name: str | None = None) -> IndexDir:
-    if not images_dir and not captions_file:
-        raise ValueError("a corpus index needs --images-dir and/or --captions-file")
+    check_corpus_inputs(images_dir, captions_file)
+    check_target(Path(out), overwrite)
     lm = load_model(checkpoint, device)
     img_vecs, images_meta, txt_vecs, captions_meta, skipped = _corpus_items(lm, images_dir, captions_file, 0, 0,
                                                                             show_progress)
     def vindex(v):  # an empty side cannot train IVF/PQ; it stays an (empty) exact index
         return VectorIndex.build(v, factory if len(v) else "Flat")
-    manifest = {"name": name or Path(out).name, "checkpoint": str(lm.checkpoint), "checkpoint_sha256": lm.sha256,
+    manifest = {"name": name or Path(out).name, **_checkpoint_fields(lm, out),
                 "model": lm.meta, "dataset": {"name": "corpus", "images_dir": str(images_dir or ""),
                                               "captions_file": str(captions_file or ""), "split": None},
                 "ground_truth": False, "shortcuts": "none", "factory": factory, "metric": "inner_product",
@@ -166,10 +218,22 @@ def build_corpus_index(checkpoint: str | Path, out: str | Path, *, images_dir: s
 
 def append_corpus(index_dir: str | Path, checkpoint: str | Path, *, images_dir=None, captions_file=None,
                   show_progress: bool = True, device: str = "cpu") -> IndexDir:
+    """Add a folder's images and/or a file's captions to a corpus index; what is already there is skipped."""
+    check_corpus_inputs(images_dir, captions_file)
     lm = load_model(checkpoint, device)
-    ix = load_index_dir(index_dir, checkpoint_sha256=lm.sha256)
+    ix = open_for_append(index_dir, checkpoint_sha256=lm.sha256)
+    if ix.has_ground_truth:
+        raise IndexDirError(f"{index_dir} indexes a dataset split; --append adds to corpus indexes only")
     next_img = max(ix.images.ids, default=-1) + 1
     next_cap = max(ix.captions.ids, default=-1) + 1
-    img_vecs, images_meta, txt_vecs, captions_meta, skipped = _corpus_items(lm, images_dir, captions_file, next_img,
-                                                                            next_cap, show_progress)
-    return append_to_index_dir(ix, (img_vecs, images_meta), (txt_vecs, captions_meta), skipped)
+    known_images = {d for d in ix.images.meta.get("sha256", []) if d}
+    img_vecs, images_meta, txt_vecs, captions_meta, skipped = _corpus_items(
+        lm, images_dir, captions_file, next_img, next_cap, show_progress, known_images=known_images,
+        known_texts=set(ix.captions.meta.get("texts", [])))
+    if not len(img_vecs) and not len(txt_vecs) and not skipped:
+        log.info("%s: nothing new to add", index_dir)
+        return ix
+    sources = {"images_dir": str(images_dir or ""), "captions_file": str(captions_file or ""),
+               "images": len(img_vecs), "captions": len(txt_vecs), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return append_to_index_dir(ix, (img_vecs, images_meta), (txt_vecs, captions_meta), skipped=skipped,
+                               sources=sources)

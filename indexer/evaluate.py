@@ -15,7 +15,7 @@ import numpy as np
 from indexer.index import IndexDir, IndexDirError
 from indexer.metrics import retrieval_metrics
 from indexer.relevance import cxc_positives, file_relevance, rouge_relevance
-from training.data.convert import write_json_atomic
+from training.fsio import atomic_write_text, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,8 @@ def evaluate_index(ix: IndexDir, *, relevance: str | None = "rougeL", cxc: bool 
                           relevance_name=rel_name or "rougeL", ndcg_k=ndcg_k)
     report = {k: (round(float(v), 4) if isinstance(v, (float, np.floating)) else v) for k, v in m.items()}
     mf = ix.manifest
-    report["meta"] = {"index": str(ix.path), "name": ix.name, "model": mf.get("model", {}),
+    report["meta"] = {"index": str(ix.path), "index_generation": ix.generation, "name": ix.name,
+                      "model": mf.get("model", {}),
                       "checkpoint": mf.get("checkpoint"), "checkpoint_sha256": mf.get("checkpoint_sha256"),
                       "dataset": mf.get("dataset"), "shortcuts": mf.get("shortcuts", "none"),
                       "factory": mf.get("factory"), "ground_truth": "cxc" if cxc else "original",
@@ -108,13 +109,19 @@ def render_markdown(report: dict) -> str:
 
 def write_report(ix: IndexDir, report: dict) -> tuple[Path, Path]:
     jp = write_json_atomic(ix.path / "report.json", report, indent=2)
-    mp = ix.path / "report.md"
-    tmp = mp.with_suffix(".md.tmp")
-    tmp.write_text(render_markdown(report))
-    tmp.replace(mp)
+    mp = atomic_write_text(ix.path / "report.md", render_markdown(report))
     return jp, mp
 
 
-def load_report(index_dir: str | Path) -> dict | None:
+def load_report(index_dir: str | Path, generation: int | None = None) -> dict | None:
+    """The index's report, or None when there is none or it describes another generation of the index."""
     p = Path(index_dir) / "report.json"
-    return json.loads(p.read_text()) if p.is_file() else None
+    if not p.is_file():
+        return None
+    try:
+        rep = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if generation is not None and rep.get("meta", {}).get("index_generation") != generation:
+        return None
+    return rep

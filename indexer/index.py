@@ -1,134 +1,48 @@
-"""FAISS inner-product indexes and the index directory.
+"""Index directories, written so that a crash at any point leaves the old index or the new one.
 
-An index directory holds, per modality, ``<m>.faiss`` (the search index), ``<m>.npy`` (the exact
-float32 embeddings, so evaluation is exact whatever the factory) and ``<m>.json`` (ids, texts, file
-names and ground-truth links), plus ``manifest.json``. Everything is written to a temporary folder
-and renamed into place, so a crash never leaves half an index; appends replace files one by one
-with the manifest last.
+Layout (format 2)::
+
+    manifest.json                    the commit point: counts, checkpoint hash, and for every data
+                                     file its name, size and sha256
+    images.g0003.faiss .npy .json    generation 3's data files (search index, exact float32
+    captions.g0003.faiss .npy .json  embeddings, ids/texts/file names/ground-truth links)
+    report.json, report.md           `ltd eval`, tagged with the generation they describe
+    relevance_rougeL.g0003.npy       generation 3's cached nDCG relevance
+
+Writing generation g + 1 (a build, an overwrite or an append): first remove what killed writers
+left (stale temporaries, data files that no manifest names), then write the new data files under
+new names, each atomically, then replace ``manifest.json`` — the single atomic step that moves
+readers from g to g + 1 — and only then delete generation g's files. A kill before the manifest is
+replaced leaves generation g whole; a kill after it leaves g + 1 whole; the next write cleans up.
+
+Loading checks every data file against the manifest (size and item counts always, sha256 unless
+``verify="counts"``), so a torn, truncated or swapped-in file is refused, never served.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import shutil
-import threading
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import faiss
 import numpy as np
 
-from training.data.convert import write_json_atomic
+from indexer.vector_index import IndexDirError, VectorIndex
+from training.fsio import is_stale_temp, remove_stale_temps, save_npy_atomic, sha256_file, write_json_atomic
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MODALITIES = ("images", "captions")
-
-
-class IndexDirError(ValueError):
-    """An index directory that cannot be used as asked (mismatch, corrupt, wrong arguments)."""
-
-
-def gpu_count() -> int:
-    try:
-        return int(faiss.get_num_gpus())
-    except AttributeError:  # faiss-cpu builds without GPU symbols
-        return 0
-
-
-def _tune(index: faiss.Index) -> None:
-    """Search-time parameters that FAISS leaves at speed-first defaults (nprobe 1, efSearch 16)."""
-    ps = faiss.ParameterSpace()
-    ivf = faiss.try_extract_index_ivf(index)
-    if ivf is not None:
-        ivf.nprobe = min(ivf.nlist, max(8, ivf.nlist // 16))
-    try:
-        ps.set_index_parameter(index, "efSearch", 128)
-    except RuntimeError:
-        pass  # not an HNSW index
-
-
-class VectorIndex:
-    """A FAISS inner-product index built from a factory string (``Flat``, ``HNSW32``, ``IVF256,PQ32``…).
-
-    Searches run on a GPU copy when the installed FAISS has GPUs. FAISS releases the GIL during
-    search, so concurrent server threads search in parallel."""
-
-    def __init__(self, index: faiss.Index, factory: str):
-        self.index, self.factory = index, factory
-        self._gpu = None
-        self._lock = threading.Lock()  # guards add(); searches on a built index are thread-safe
-        if gpu_count() > 0:
-            try:
-                res = faiss.StandardGpuResources()
-                self._gpu = faiss.index_cpu_to_gpu(res, 0, index)
-                self._gpu_res = res
-            except Exception as e:  # e.g. HNSW has no GPU version: search stays on the CPU
-                log.info("index %s stays on the CPU (%s)", factory, e)
-
-    @classmethod
-    def build(cls, vectors: np.ndarray, factory: str = "Flat", *, train_size: int = 100_000, seed: int = 0) -> VectorIndex:
-        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        if vectors.ndim != 2 or vectors.shape[1] < 1:
-            raise IndexDirError(f"expected (n, d) vectors, got shape {vectors.shape}")
-        d = vectors.shape[1]
-        try:
-            index = faiss.index_factory(d, factory, faiss.METRIC_INNER_PRODUCT)
-        except RuntimeError as e:
-            raise IndexDirError(f"invalid FAISS factory string {factory!r}: {str(e).splitlines()[-1][:200]}") from None
-        if not index.is_trained:
-            if len(vectors) == 0:
-                raise IndexDirError(f"factory {factory!r} needs training vectors, but the corpus is empty")
-            rng = np.random.default_rng(seed)
-            sample = vectors if len(vectors) <= train_size else vectors[rng.choice(len(vectors), train_size, replace=False)]
-            try:
-                index.train(sample)
-            except RuntimeError as e:
-                raise IndexDirError(f"cannot train {factory!r} on {len(sample)} vectors (too few for this factory? "
-                                  f"use Flat or fewer IVF lists): {str(e).splitlines()[-1][:200]}") from None
-        _tune(index)
-        if len(vectors):
-            index.add(vectors)
-        return cls(index, factory)
-
-    @property
-    def ntotal(self) -> int:
-        return int(self.index.ntotal)
-
-    @property
-    def dim(self) -> int:
-        return int(self.index.d)
-
-    def add(self, vectors: np.ndarray) -> None:
-        with self._lock:
-            self.index.add(np.ascontiguousarray(vectors, dtype=np.float32))
-            if self._gpu is not None:
-                self._gpu.add(np.ascontiguousarray(vectors, dtype=np.float32))
-
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(scores, ids), each (n_queries, min(k, ntotal)); sorted by score descending."""
-        q = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
-        k = max(1, min(int(k), self.ntotal))
-        idx = self._gpu if self._gpu is not None else self.index
-        scores, ids = idx.search(q, k)
-        return scores, ids
-
-    def save(self, path: Path) -> None:
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        faiss.write_index(self.index, str(tmp))
-        os.replace(tmp, path)
-
-    @classmethod
-    def load(cls, path: Path, factory: str) -> VectorIndex:
-        try:
-            index = faiss.read_index(str(path))
-            _tune(index)
-            return cls(index, factory)
-        except RuntimeError as e:
-            raise IndexDirError(f"{path} is not a readable FAISS index: {str(e).splitlines()[-1][:200]}") from None
+KINDS = ("faiss", "npy", "json")
+_DATA_RE = re.compile(r"^(images|captions)\.g(\d+)\.(faiss|npy|json)$")
+_DERIVED_RE = re.compile(r"^relevance_\w+\.g(\d+)\.npy$")
+# Files of format 1 (fixed names, no hashes); removed when such a directory is rebuilt.
+_LEGACY = {f"{m}.{k}" for m in MODALITIES for k in KINDS} | {"relevance_rougeL.npy"}
+_REPORTS = ("report.json", "report.md")
 
 
 @dataclass
@@ -159,67 +73,16 @@ class IndexDir:
     def has_ground_truth(self) -> bool:
         return bool(self.manifest.get("ground_truth"))
 
+    @property
+    def generation(self) -> int:
+        return int(self.manifest.get("generation", 0))
 
-def _write_modality(folder: Path, name: str, mod: Modality) -> None:
-    mod.index.save(folder / f"{name}.faiss")
-    tmp = folder / f".{name}.tmp{os.getpid()}.npy"
-    np.save(tmp, np.ascontiguousarray(mod.vectors, dtype=np.float32))
-    os.replace(tmp, folder / f"{name}.npy")
-    write_json_atomic(folder / f"{name}.json", mod.meta)
-
-
-def save_index_dir(path: str | Path, manifest: dict, images: Modality, captions: Modality, *,
-                   overwrite: bool = False) -> IndexDir:
-    """Write a new index directory atomically (temp folder, then rename)."""
-    path = Path(path)
-    if path.exists() and any(path.iterdir()) and not overwrite:
-        raise FileExistsError(f"{path} already exists; pass --overwrite to replace it or --append to add to it")
-    tmp = path.with_name(f".{path.name}.building{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        _write_modality(tmp, "images", images)
-        _write_modality(tmp, "captions", captions)
-        manifest = {**manifest, "format": FORMAT_VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    "counts": {"images": images.index.ntotal, "captions": captions.index.ntotal}}
-        write_json_atomic(tmp / "manifest.json", manifest, indent=2)
-        if path.exists():
-            old = path.with_name(f".{path.name}.old{os.getpid()}")
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return IndexDir(path, manifest, images, captions)
+    def derived_path(self, stem: str) -> Path:
+        """Where a cache derived from this generation's data lives (e.g. ``relevance_rougeL``)."""
+        return self.path / f"{stem}.g{self.generation:04d}.npy"
 
 
-def append_to_index_dir(ix: IndexDir, images: tuple[np.ndarray, dict] | None,
-                        captions: tuple[np.ndarray, dict] | None, skipped: list[dict] | None = None) -> IndexDir:
-    """Add (vectors, metadata lists) to an existing index directory; ids continue, the manifest is
-    written last."""
-    for name, new in (("images", images), ("captions", captions)):
-        if new is None or len(new[0]) == 0:
-            continue
-        vectors, meta = new
-        cur: Modality = getattr(ix, name)
-        if vectors.shape[1] != cur.vectors.shape[1]:
-            raise IndexDirError(f"cannot append {name}: dimension {vectors.shape[1]} != {cur.vectors.shape[1]}")
-        n_old = len(cur.vectors)
-        cur.index.add(vectors)
-        cur.vectors = np.concatenate([cur.vectors, vectors])
-        for k, v in meta.items():
-            if isinstance(v, list):
-                cur.meta[k] = cur.meta.get(k, [None] * n_old) + v
-        _write_modality(ix.path, name, cur)
-    ix.manifest["counts"] = {"images": ix.images.index.ntotal, "captions": ix.captions.index.ntotal}
-    ix.manifest["skipped"] = ix.manifest.get("skipped", []) + (skipped or [])
-    ix.manifest["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    write_json_atomic(ix.path / "manifest.json", ix.manifest, indent=2)
-    return ix
-
-
+# ---- manifest -------------------------------------------------------------------------------------
 def read_manifest(path: str | Path) -> dict:
     path = Path(path)
     mf = path / "manifest.json"
@@ -227,32 +90,232 @@ def read_manifest(path: str | Path) -> dict:
         raise IndexDirError(f"{path} is not an index directory (no manifest.json); build one with `ltd index`")
     try:
         return json.loads(mf.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise IndexDirError(f"{mf} is corrupt: {e}") from None
 
 
-def load_index_dir(path: str | Path, *, checkpoint_sha256: str | None = None) -> IndexDir:
-    """Load an index directory. With ``checkpoint_sha256``, refuse an index built by another checkpoint."""
-    path = Path(path)
-    manifest = read_manifest(path)
-    if manifest.get("format") != FORMAT_VERSION:
-        raise IndexDirError(f"{path}: index format {manifest.get('format')} is not supported (expected {FORMAT_VERSION})")
-    if checkpoint_sha256 is not None and manifest.get("checkpoint_sha256") != checkpoint_sha256:
-        raise IndexDirError(
-            f"{path} was built with checkpoint sha256 {str(manifest.get('checkpoint_sha256'))[:12]}…, but the "
-            f"checkpoint given has {checkpoint_sha256[:12]}…: its embeddings would not match the query encoder. "
-            "Rebuild the index with `ltd index` for this checkpoint."
-        )
-    mods = {}
-    for name in MODALITIES:
+def _data_name(modality: str, kind: str, generation: int) -> str:
+    return f"{modality}.g{generation:04d}.{kind}"
+
+
+def _ours(name: str) -> bool:
+    """A file an index write creates (so an interrupted build's folder may be reused)."""
+    return bool(_DATA_RE.match(name) or _DERIVED_RE.match(name)) or name in _LEGACY or name in _REPORTS \
+        or name == "manifest.json"
+
+
+def collect_garbage(path: Path, manifest: dict | None) -> list[str]:
+    """Delete what no committed manifest needs: stale temporaries, data files of other generations,
+    format-1 files, and reports/caches derived from another generation. Returns the names removed."""
+    removed = [p.name for p in remove_stale_temps(path)]
+    keep = {f["file"] for f in (manifest or {}).get("files", {}).values()}
+    gen = int((manifest or {}).get("generation", -1))
+    for p in path.iterdir() if path.is_dir() else []:
+        m = _DERIVED_RE.match(p.name)
+        stale = ((_DATA_RE.match(p.name) and p.name not in keep) or (m and int(m.group(1)) != gen)
+                 or (p.name in _LEGACY and manifest is not None and manifest.get("format") == FORMAT_VERSION))
+        if stale:
+            p.unlink(missing_ok=True)
+            removed.append(p.name)
+    rep = path / "report.json"
+    if manifest is not None and rep.is_file():
         try:
-            meta = json.loads((path / f"{name}.json").read_text())
-            vectors = np.load(path / f"{name}.npy", mmap_mode="r")
-        except (OSError, json.JSONDecodeError, ValueError) as e:
-            raise IndexDirError(f"{path}: cannot read {name} ({e})") from None
-        index = VectorIndex.load(path / f"{name}.faiss", manifest.get("factory", "Flat"))
-        if index.ntotal != len(vectors) or len(meta.get("ids", [])) != len(vectors):
-            raise IndexDirError(f"{path}: {name} files disagree ({index.ntotal} indexed, {len(vectors)} vectors, "
-                              f"{len(meta.get('ids', []))} ids); rebuild the index")
-        mods[name] = Modality(index, np.asarray(vectors), meta)
+            rgen = json.loads(rep.read_text()).get("meta", {}).get("index_generation")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            rgen = None
+        if rgen != gen:
+            for name in _REPORTS:
+                (path / name).unlink(missing_ok=True)
+            removed.append("report.json")
+    if removed:
+        log.info("%s: removed %d leftover file(s) of earlier or interrupted writes", path, len(removed))
+    return removed
+
+
+# ---- writing --------------------------------------------------------------------------------------
+def _write_generation(path: Path, generation: int, mods: dict[str, Modality]) -> dict:
+    """Write every data file of one generation; returns the manifest's ``files`` entry."""
+    files = {}
+    for m, mod in mods.items():
+        targets = {k: path / _data_name(m, k, generation) for k in KINDS}
+        mod.index.save(targets["faiss"])
+        save_npy_atomic(targets["npy"], np.ascontiguousarray(mod.vectors, dtype=np.float32))
+        write_json_atomic(targets["json"], mod.meta)
+        for k, p in targets.items():
+            files[f"{m}.{k}"] = {"file": p.name, "bytes": p.stat().st_size, "sha256": sha256_file(p)}
+    return files
+
+
+def _commit(path: Path, manifest: dict, mods: dict[str, Modality]) -> IndexDir:
+    gen = int(manifest["generation"])
+    manifest = {**manifest, "format": FORMAT_VERSION, "files": _write_generation(path, gen, mods),
+                "counts": {m: mods[m].index.ntotal for m in MODALITIES}}
+    write_json_atomic(path / "manifest.json", manifest, indent=2)  # the commit point
+    collect_garbage(path, manifest)
     return IndexDir(path, manifest, mods["images"], mods["captions"])
+
+
+def check_target(path: Path, overwrite: bool) -> dict | None:
+    """The manifest being replaced (None for a new directory); refuses what must not be replaced."""
+    if not path.exists():
+        return None
+    if not path.is_dir():
+        raise FileExistsError(f"{path} exists and is not a folder")
+    if (path / "manifest.json").is_file():
+        if not overwrite:
+            raise FileExistsError(f"{path} already exists; pass --overwrite to replace it or --append to add to it")
+        try:
+            return read_manifest(path)
+        except IndexDirError:
+            return None  # an unreadable manifest: replace it like a new build
+    foreign = [p.name for p in path.iterdir() if not (_ours(p.name) or is_stale_temp(p))]
+    if foreign:
+        raise FileExistsError(f"{path} exists and holds files that are not an index ({', '.join(sorted(foreign)[:3])}…);"
+                              " choose another --out")
+    return None  # an interrupted first build: its leftovers are collected below
+
+
+def save_index_dir(path: str | Path, manifest: dict, images: Modality, captions: Modality, *,
+                   overwrite: bool = False) -> IndexDir:
+    """Write a new index directory, or replace one (``overwrite``), as one atomic generation."""
+    path = Path(path)
+    old = check_target(path, overwrite)
+    path.mkdir(parents=True, exist_ok=True)
+    collect_garbage(path, old)
+    gen = int((old or {}).get("generation", 0)) + 1
+    manifest = {**manifest, "generation": gen, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return _commit(path, manifest, {"images": images, "captions": captions})
+
+
+def append_to_index_dir(ix: IndexDir, images: tuple[np.ndarray, dict] | None,
+                        captions: tuple[np.ndarray, dict] | None, *, skipped: list[dict] | None = None,
+                        sources: dict | None = None) -> IndexDir:
+    """Add (vectors, metadata lists) to an index directory as its next generation; ids continue."""
+    mods = {"images": ix.images, "captions": ix.captions}
+    for name, new in (("images", images), ("captions", captions)):
+        if new is None or len(new[0]) == 0:
+            continue
+        vectors, meta = new
+        cur = mods[name]
+        if vectors.shape[1] != cur.vectors.shape[1]:
+            raise IndexDirError(f"cannot append {name}: dimension {vectors.shape[1]} != {cur.vectors.shape[1]}")
+        n_old, n_new = len(cur.vectors), len(vectors)
+        index = cur.index.copy()  # the loaded index stays as it was until the commit
+        index.add(vectors)
+        merged = {}
+        for k in dict.fromkeys([*cur.meta, *meta]):  # per-item lists line up; a missing list is padded with None
+            if isinstance(cur.meta.get(k), list) or isinstance(meta.get(k), list):
+                merged[k] = list(cur.meta.get(k) or [None] * n_old) + list(meta.get(k) or [None] * n_new)
+            else:
+                merged[k] = cur.meta.get(k, meta.get(k))
+        mods[name] = Modality(index, np.concatenate([np.asarray(cur.vectors), vectors]), merged)
+    path = ix.path
+    current = read_manifest(path)
+    if current.get("generation") != ix.manifest.get("generation"):
+        raise IndexDirError(f"{path} changed while this append was running; run it again")
+    collect_garbage(path, current)
+    manifest = {**ix.manifest, "generation": ix.generation + 1, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "skipped": ix.manifest.get("skipped", []) + (skipped or []),
+                "appends": ix.manifest.get("appends", []) + ([sources] if sources else [])}
+    return _commit(path, manifest, mods)
+
+
+# ---- reading --------------------------------------------------------------------------------------
+def _verify_files(path: Path, manifest: dict, hashes: bool) -> None:
+    files = manifest.get("files") or {}
+    missing = [f"{m}.{k}" for m in MODALITIES for k in KINDS if f"{m}.{k}" not in files]
+    if missing:
+        raise IndexDirError(f"{path}: the manifest does not list {', '.join(missing)}; rebuild the index")
+    for logical, entry in files.items():
+        p = path / str(entry.get("file", ""))
+        if p.parent != path or not _DATA_RE.match(p.name):
+            raise IndexDirError(f"{path}: the manifest names an unexpected file {entry.get('file')!r}")
+        try:
+            size = p.stat().st_size
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: {p.name} is missing") from None
+        if size != entry.get("bytes"):
+            raise IndexDirError(f"{path}: {p.name} is {size:,} bytes, the manifest says {entry.get('bytes')!r} "
+                                "(torn or replaced); rebuild the index")
+        if hashes and sha256_file(p) != entry.get("sha256"):
+            raise IndexDirError(f"{path}: {p.name} does not match the sha256 its manifest recorded (changed or "
+                                "copied in from another index); rebuild the index")
+
+
+def _load_modality(path: Path, manifest: dict, name: str) -> Modality:
+    files = manifest["files"]
+    try:
+        meta = json.loads((path / files[f"{name}.json"]["file"]).read_text())
+        vectors = np.load(path / files[f"{name}.npy"]["file"], mmap_mode="r", allow_pickle=False)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
+        raise IndexDirError(f"{path}: cannot read {name} ({e})") from None
+    index = VectorIndex.load(path / files[f"{name}.faiss"]["file"], manifest.get("factory", "Flat"))
+    want = (manifest.get("counts") or {}).get(name)
+    counts = {index.ntotal, len(vectors), len(meta.get("ids", [])), want}
+    if len(counts) != 1 or vectors.ndim != 2:
+        raise IndexDirError(f"{path}: {name} files disagree ({index.ntotal} indexed, {len(vectors)} vectors, "
+                            f"{len(meta.get('ids', []))} ids, manifest {want}); rebuild the index")
+    return Modality(index, np.asarray(vectors), meta)
+
+
+def load_index_dir(path: str | Path, *, checkpoint_sha256: str | None = None, verify: str = "hash") -> IndexDir:
+    """Load an index directory after checking it is whole (``verify``: ``hash`` or ``counts``).
+    With ``checkpoint_sha256``, refuse an index built by another checkpoint."""
+    if verify not in ("hash", "counts"):
+        raise ValueError(f"verify must be 'hash' or 'counts', got {verify!r}")
+    path = Path(path)
+    for attempt in (0, 1):  # a writer may commit (and delete the old files) between our reads: read again
+        manifest = read_manifest(path)
+        if manifest.get("format") != FORMAT_VERSION:
+            raise IndexDirError(f"{path}: index format {manifest.get('format')} (written by an older `ltd`, without "
+                                f"file hashes) is not served; rebuild it with `ltd index … --overwrite`")
+        if checkpoint_sha256 is not None and manifest.get("checkpoint_sha256") != checkpoint_sha256:
+            raise IndexDirError(
+                f"{path} was built with checkpoint sha256 {str(manifest.get('checkpoint_sha256'))[:12]}…, but the "
+                f"checkpoint given has {checkpoint_sha256[:12]}…: its embeddings would not match the query encoder. "
+                "Rebuild the index with `ltd index` for this checkpoint.")
+        try:
+            _verify_files(path, manifest, hashes=verify == "hash")
+            if verify == "counts":
+                log.info("%s: sha256 of the data files not checked (verify=counts)", path)
+            mods = {m: _load_modality(path, manifest, m) for m in MODALITIES}
+        except FileNotFoundError as e:
+            if attempt == 0 and read_manifest(path).get("generation") != manifest.get("generation"):
+                continue
+            raise IndexDirError(f"{e}; rebuild the index") from None
+        return IndexDir(path, manifest, mods["images"], mods["captions"])
+    raise AssertionError("unreachable")
+
+
+def open_for_append(path: str | Path, *, checkpoint_sha256: str | None = None) -> IndexDir:
+    """Load an index directory to add to it, first finishing what an interrupted write left (its
+    temporaries and the previous generation's files), so a re-run that has nothing to add still cleans up."""
+    path = Path(path)
+    collect_garbage(path, read_manifest(path))
+    return load_index_dir(path, checkpoint_sha256=checkpoint_sha256)
+
+
+def resolve_checkpoint(index_path: str | Path, manifest: dict, override: str | Path | None = None) -> Path:
+    """The checkpoint an index was built with: ``override``, else the path stored relative to the
+    index directory (so moving both together keeps them paired), else the absolute one."""
+    index_path = Path(index_path)
+    candidates = [Path(override).expanduser()] if override else []
+    if manifest.get("checkpoint_relative"):
+        candidates.append(index_path / manifest["checkpoint_relative"])
+    if manifest.get("checkpoint"):
+        candidates.append(Path(manifest["checkpoint"]))
+    for c in candidates:
+        if c.is_file():
+            return c.resolve()
+    tried = ", ".join(str(c) for c in candidates) or "none recorded"
+    raise FileNotFoundError(f"the checkpoint of index {index_path} is missing (looked at: {tried}); if it moved, "
+                            f"serve it as --model NAME={index_path}@/path/to/checkpoint.pt")
+
+
+def relative_to_index(index_path: Path, target: str | Path) -> str:
+    return os.path.relpath(Path(target).resolve(), Path(index_path).resolve())
+
+
+__all__ = ["FORMAT_VERSION", "IndexDir", "IndexDirError", "Modality", "VectorIndex", "append_to_index_dir", "check_target",
+           "collect_garbage", "load_index_dir", "open_for_append", "read_manifest", "relative_to_index", "resolve_checkpoint",
+           "save_index_dir"]

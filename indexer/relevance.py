@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
 
 from indexer.index import IndexDir, IndexDirError
+from training.fsio import save_npy_atomic
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +19,7 @@ def rouge_relevance(ix: IndexDir, show_progress: bool = True) -> np.ndarray:
     references, F-beta 1.2), so nDCG is comparable with published numbers; cached in the index."""
     from indexer.rouge import rouge_l_matrix
 
-    cache = ix.path / "relevance_rougeL.npy"
+    cache = ix.derived_path("relevance_rougeL")
     n_cap, n_img = len(ix.captions.ids), len(ix.images.ids)
     if cache.is_file():
         rel = np.load(cache)
@@ -28,9 +28,7 @@ def rouge_relevance(ix: IndexDir, show_progress: bool = True) -> np.ndarray:
     texts = ix.captions.meta["texts"]
     refs = [[texts[j] for j in caps] for caps in ix.images.meta["captions"]]
     rel = rouge_l_matrix(texts, refs, aggregate="tern", show_progress=show_progress).astype(np.float32)
-    tmp = cache.with_name(f".{cache.name}.tmp{os.getpid()}.npy")
-    np.save(tmp, rel)
-    os.replace(tmp, cache)
+    save_npy_atomic(cache, rel)
     return rel
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -54,14 +53,15 @@ def test_index_dir_roundtrip_and_atomicity(tmp_path):
     save_index_dir(out, {"name": "x", "checkpoint_sha256": "abc", "factory": "Flat", "ground_truth": True}, *mods)
     ix = load_index_dir(out, checkpoint_sha256="abc")
     assert ix.images.ids == [10, 11, 12, 13] and np.allclose(ix.captions.vectors, cap)
-    assert ix.manifest["counts"] == {"images": 4, "captions": 8} and ix.manifest["format"] == 1
+    assert ix.manifest["counts"] == {"images": 4, "captions": 8} and ix.manifest["format"] == 2
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp leftovers
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
     with pytest.raises(FileExistsError, match="--overwrite"):
         save_index_dir(out, {"name": "x"}, *mods)
     with pytest.raises(IndexDirError, match="would not match the query encoder"):
         load_index_dir(out, checkpoint_sha256="def")
-    (out / "captions.json").write_text(json.dumps({"ids": [1]}))
-    with pytest.raises(IndexDirError, match="disagree"):
+    (out / ix.manifest["files"]["captions.json"]["file"]).write_text(json.dumps({"ids": [1]}))
+    with pytest.raises(IndexDirError, match="torn or replaced"):
         load_index_dir(out)
     with pytest.raises(IndexDirError, match="not an index directory"):
         load_index_dir(tmp_path)
@@ -184,9 +184,7 @@ def test_compare_two_models(tiny_index_pair, tmp_path, capsys):
     assert out.count("\n| t2i |") + out.count("\n| i2t |") == 5
     assert len(csv_path.read_text().splitlines()) == len(rows) + 1
     # different splits cannot be compared
-    shutil.copytree(b.path, tmp_path / "other")
-    meta = json.loads((tmp_path / "other" / "captions.json").read_text())
-    meta["ids"] = [i + 1000 for i in meta["ids"]]
-    (tmp_path / "other" / "captions.json").write_text(json.dumps(meta))
+    meta = {**b.captions.meta, "ids": [i + 1000 for i in b.captions.meta["ids"]]}
+    save_index_dir(tmp_path / "other", b.manifest, b.images, Modality(b.captions.index, b.captions.vectors, meta))
     assert main(["compare", "--index", str(a.path), "--index", str(tmp_path / "other")]) == 2
     assert "do not index the same items" in capsys.readouterr().err

@@ -4,11 +4,17 @@ Keys: ``model optimizer scheduler constraint epoch step config vocab versions rn
 model needs to rebuild itself (``target_dim``, ``feat_dim``, ``excluded_prefixes``). Frozen
 pretrained parts (a packaged backbone, a frozen sentence encoder) are not stored: they are rebuilt
 from their package or folder, listed in ``excluded_prefixes``; fine-tuned ones are stored.
+
+A checkpoint is untrusted input (users load files they were sent): it is read with
+``torch.load(weights_only=True)``, whose unpickler builds only tensors and plain containers and
+refuses every other class, so a crafted file cannot run code. Everything saved here is plain
+(the numpy RNG state is stored as a tensor, versions as ``str``). Checkpoints written before that
+change carry a numpy array in their RNG state; for those, and only those, numpy's array
+reconstruction is allowed as well (it rebuilds arrays of plain dtypes, nothing callable).
 """
 from __future__ import annotations
 
-import hashlib
-import os
+import pickle
 import platform
 import random
 from pathlib import Path
@@ -17,6 +23,7 @@ import numpy as np
 import torch
 
 from training.config import Config, config_from_dict
+from training.fsio import atomic_path, remove_stale_temps, sha256_file  # noqa: F401 (sha256_file re-exported)
 from training.data.vocab import Vocab
 from training.models.dual_encoder import DualEncoder, build_model
 
@@ -27,18 +34,40 @@ def versions() -> dict:
     import faiss  # noqa: F401  (recorded for index compatibility)
 
     from training import __version__
-    return {"ltd": __version__, "torch": torch.__version__, "numpy": np.__version__,
+    return {"ltd": __version__, "torch": str(torch.__version__), "numpy": np.__version__,
             "python": platform.python_version(), "faiss": getattr(faiss, "__version__", "?")}
 
 
+class CheckpointError(ValueError):
+    """A file that is not a loadable LTD checkpoint (or not one that can be loaded safely)."""
+
+
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """RNG states as plain types (tensors, ints, floats, tuples): loadable with weights_only=True."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(),
+            "numpy": {"name": str(name), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            "python": random.getstate()}
 
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    if isinstance(n, dict):
+        np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                             n["cached_gaussian"]))
+    else:  # a checkpoint from before the plain-types RNG state: numpy's own tuple
+        np.random.set_state(n)
     random.setstate(state["python"])
+
+
+def _legacy_globals() -> list:
+    """What checkpoints written before the plain-types RNG state need beyond tensors: numpy arrays
+    of plain dtypes (the RNG keys) and torch's version string."""
+    from torch.torch_version import TorchVersion
+
+    return [np._core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType, TorchVersion]
 
 
 def model_state(model: DualEncoder, exclude: list[str]) -> dict:
@@ -47,37 +76,33 @@ def model_state(model: DualEncoder, exclude: list[str]) -> dict:
 
 
 def save_checkpoint(path: str | Path, payload: dict) -> Path:
+    """Write atomically; temporaries that killed runs left beside it are removed first."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
+    remove_stale_temps(path.parent)
+    with atomic_path(path) as tmp:
         torch.save(payload, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 
-def load_checkpoint(path: str | Path) -> dict:
+def load_checkpoint(path: str | Path, *, required: tuple[str, ...] = ("model", "config", "vocab")) -> dict:
+    """Load without executing anything the file contains (see the module docstring)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        with torch.serialization.safe_globals(_legacy_globals()):
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if "GLOBAL" in ln or "Unsupported" in ln]
+        what = (lines[0] if lines else "an object the safe loader does not build").rstrip(".")
+        raise CheckpointError(f"{path} was refused: it contains objects other than tensors and plain data "
+                              f"({what[:160]}); checkpoints are never loaded in a way that could run code") from None
     except Exception as e:
-        raise ValueError(f"{path} is not a readable checkpoint: {type(e).__name__}: {e}") from None
-    for key in ("model", "config", "vocab"):
+        raise CheckpointError(f"{path} is not a readable checkpoint: {type(e).__name__}: {str(e)[:200]}") from None
+    for key in required:
         if not isinstance(ckpt, dict) or key not in ckpt:
-            raise ValueError(f"{path} is not an LTD checkpoint (missing {key!r})")
+            raise CheckpointError(f"{path} is not an LTD checkpoint (missing {key!r})")
     return ckpt
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def model_from_checkpoint(ckpt: dict | str | Path, device: str | torch.device = "cpu") -> tuple[DualEncoder, Vocab, Config]:

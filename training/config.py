@@ -7,8 +7,6 @@ key and the valid choices.
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
@@ -301,8 +299,6 @@ def validate(cfg: Config) -> None:
 
 
 def dump_config(cfg: Config, path: str | Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    tmp.replace(path)
+    from training.fsio import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))

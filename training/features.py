@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 from tqdm.auto import tqdm
 
-from training.data.convert import write_json_atomic
+from training.fsio import write_json_atomic
 from training.data.images import ImageError, Preprocess, load_image
 from training.models.backbones import Backbone
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from training.features import default_cache_dir
+from training.fsio import save_npy_atomic
 from training.models.backbones import cpu_bf16_fast
 
 log = logging.getLogger(__name__)
@@ -86,9 +87,6 @@ def compute_targets(
         emb = model.encode(list(texts), batch_size=batch_size, convert_to_numpy=True,
                            show_progress_bar=show_progress, normalize_embeddings=False)
     emb = np.asarray(emb, dtype=np.float32)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".tmp{os.getpid()}.npy")
-    np.save(tmp, emb)
-    os.replace(tmp, out)
+    save_npy_atomic(out, emb)
     log.info("LTD targets: %d captions → %s (%s)", len(texts), out, path.name)
     return emb

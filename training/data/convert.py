@@ -14,22 +14,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from training.data.karpathy import SPLIT_ALIASES, DatasetError, tokenize
+from training.fsio import write_json_atomic
 
 log = logging.getLogger(__name__)
-
-
-def write_json_atomic(path: str | Path, obj: object, **dump_kwargs) -> Path:
-    """Write JSON to a temp file in the same folder, then rename: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, **dump_kwargs)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
 
 
 def _read_json(path: Path) -> dict:

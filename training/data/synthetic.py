@@ -29,6 +29,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
+from training.fsio import atomic_write_text
+
 log = logging.getLogger(__name__)
 
 SYNTHETIC_JSON_NAME = "dataset_synthetic.json"
@@ -619,9 +621,7 @@ def generate_synthetic(
                        "sentids": sentids, "sentences": sentences})
         sentid += len(captions)
     text = json.dumps({**params, "images": images}, sort_keys=True, separators=(",", ":"))
-    tmp = json_path.with_name(json_path.name + f".tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, json_path)
+    atomic_write_text(json_path, text)
     log.info("wrote %d synthetic images (%d px, seed %d) to %s in %.1f s",
              n_images, image_size, seed, out_dir, time.perf_counter() - start)
     return json_path

@@ -1,0 +1,139 @@
+"""Crash-safe file writes: every file this project writes is whole or absent.
+
+One pattern, used everywhere: write to a temporary name in the same folder (``.NAME.tmp<pid>``),
+flush and fsync it, ``os.replace`` it over the final name (atomic on POSIX), then fsync the folder
+so the rename itself survives a power cut. A process killed at any point leaves either the old file
+or the new one, plus at most an orphaned temporary that the next write to the same folder removes
+(``remove_stale_temps``: only temporaries whose writing process is gone).
+
+This module sits at the bottom of the import graph (``training``), so every layer can use it.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+_TMP_RE = re.compile(r"^\..+\.tmp(\d+)(\..*)?$")
+
+
+def temp_name(path: Path) -> Path:
+    """The temporary sibling this process writes ``path`` through."""
+    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def is_stale_temp(path: Path) -> bool:
+    """A temporary left by a process that no longer runs (so nothing will ever rename it)."""
+    m = _TMP_RE.match(path.name)
+    return bool(m) and not _pid_alive(int(m.group(1)))
+
+
+def remove_stale_temps(folder: str | Path) -> list[Path]:
+    """Delete the temporaries that killed writers left in ``folder`` (files and folders); returns them."""
+    folder = Path(folder)
+    removed: list[Path] = []
+    if not folder.is_dir():
+        return removed
+    for p in folder.iterdir():
+        if is_stale_temp(p):
+            if p.is_dir() and not p.is_symlink():
+                import shutil
+
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
+def sha256_file(path: str | Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fsync_dir(folder: str | Path) -> None:
+    """Make renames and unlinks in ``folder`` durable (no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, *, durable: bool = True) -> Iterator[Path]:
+    """Yield a temporary path to write ``path`` through; on success it replaces ``path``.
+
+    For writers that want a file name (``torch.save``, ``faiss.write_index``, ``np.save`` on an
+    open file). On an exception the temporary is removed and ``path`` is untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(path)
+    try:
+        yield tmp
+        if durable:
+            fsync_file(tmp)
+        os.replace(tmp, path)
+        if durable:
+            fsync_dir(path.parent)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def atomic_write_bytes(path: str | Path, data: bytes, *, durable: bool = True) -> Path:
+    with atomic_path(path, durable=durable) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+    return Path(path)
+
+
+def atomic_write_text(path: str | Path, text: str, *, durable: bool = True) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"), durable=durable)
+
+
+def write_json_atomic(path: str | Path, obj: object, *, durable: bool = True, **dump_kwargs) -> Path:
+    """JSON through a temporary file and a rename: readers never see half a file."""
+    return atomic_write_text(path, json.dumps(obj, **dump_kwargs), durable=durable)
+
+
+def save_npy_atomic(path: str | Path, array, *, durable: bool = True) -> Path:
+    import numpy as np
+
+    with atomic_path(path, durable=durable) as tmp:
+        with open(tmp, "wb") as f:  # an open file: np.save would otherwise append ".npy" to the name
+            np.save(f, np.asarray(array), allow_pickle=False)
+    return Path(path)
