@@ -2,11 +2,16 @@
 # LTD retrieval: the REST API (/api, docs at /docs) and the UI (/ui) in one container.
 #
 #   docker build -t ltd .
-#   docker run --rm -p 8000:8000 ltd                 # `ltd demo`: trains, indexes, evaluates, then serves
-#   docker run --rm -p 8000:8000 -v "$PWD/indexes:/app/indexes" -v "$PWD/runs:/app/runs" ltd \
-#       serve --host 0.0.0.0 --model bl=indexes/bl --model ltd=indexes/ltd
+#   docker run --rm -p 127.0.0.1:8000:8000 -e LTD_API_TOKEN="$(openssl rand -hex 24)" ltd   # `ltd demo`
+#   docker run --rm -p 127.0.0.1:8000:8000 -e LTD_API_TOKEN=… -v "$PWD/indexes:/app/indexes" -v "$PWD/runs:/app/runs" \
+#       ltd serve --host 0.0.0.0 --expose --model bl=indexes/bl --model ltd=indexes/ltd
 #
-# (An index directory names its checkpoint by path: mount runs/ and indexes/ where `ltd index` saw them.)
+# Inside the container the server must listen on 0.0.0.0 (Docker forwards to the container's own
+# address), hence --expose; who can reach it is decided by -p: 127.0.0.1:8000:8000 publishes the port
+# to this machine only. Publish it wider (-p 8000:8000) only with LTD_API_TOKEN set: every route but
+# /api/health then needs `Authorization: Bearer TOKEN` (browsers log in once at /login).
+# (An index directory finds its checkpoint relative to itself: mount runs/ and indexes/ side by side
+# as `ltd index` saw them, or name it: --model ltd=indexes/ltd@runs/ltd/best.pt.)
 #
 # GPU: the host needs the NVIDIA driver and container toolkit; the CUDA runtime comes with the pip
 # wheels (torch from the PyTorch CUDA index, faiss-gpu-cu12), so the slim base works too. BASE_IMAGE
@@ -54,4 +59,4 @@ EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=15m --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/api/health', timeout=4)"]
 ENTRYPOINT ["ltd"]
-CMD ["demo", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["demo", "--host", "0.0.0.0", "--expose", "--port", "8000"]

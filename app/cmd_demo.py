@@ -18,6 +18,8 @@ PRESETS = {"synthetic": ("synthetic_baseline", "synthetic_ltd"), "karpathy": ("f
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from app.cmd_serve import add_bind_args
+
     p = sub.add_parser("demo", help="train baseline + LTD, index, evaluate, compare and serve (end to end)")
     p.add_argument("--dataset", help="Karpathy JSON or its folder (default: $LTD_DATA_DIR, else synthetic scenes)")
     p.add_argument("--synthetic", action="store_true", help="use the synthetic scenes even if LTD_DATA_DIR is set")
@@ -25,8 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override applied to both models (e.g. train.epochs=3)")
     p.add_argument("--no-serve", action="store_true", help="stop after printing the comparison table")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    add_bind_args(p)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_demo)
 
@@ -52,6 +53,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     t0 = time.time()
     progress = not args.no_progress
+    if not args.no_serve:  # refuse an accidental exposure now, not after the training
+        from app.cmd_serve import bind_policy
+        from app.settings import Settings
+
+        token = Settings().api_token
+        hosts = bind_policy(args.host, args.expose, args.allowed_host, token.get_secret_value() if token else None)
     kind, data_path = choose_dataset(args)
     names = dict(zip(("bl", "ltd"), PRESETS[kind]))
     cfgs = {n: load_config(p, [f"data.path={data_path}", *args.set]) for n, p in names.items()}
@@ -80,10 +87,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 0
     from app.cmd_serve import serve
     from app.service import SearchService
-    from app.settings import Settings
 
     models = {n: str(ix.path.resolve()) for n, ix in indexes.items()}
     service = SearchService(models)
     service.load()
-    serve(Settings(models=models, load_in_background=False), host=args.host, port=args.port, service=service)
-    return 0
+    return serve(Settings(models=models, load_in_background=False, allowed_hosts=hosts), host=args.host,
+                 port=args.port, service=service)

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import socket
+import threading
 from pathlib import Path
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
@@ -44,10 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve the REST API (/api, docs at /docs) and the UI (/ui)",
                        description="Serve named models: each --model NAME=INDEX_DIR is an index directory built "
                                    "by `ltd index`, whose manifest names the checkpoint that built it.")
-    p.add_argument("--model", action="append", default=[], metavar="NAME=INDEX_DIR",
-                   help="a model to serve (repeatable), e.g. --model bl=indexes/bl --model ltd=indexes/ltd")
-    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0 for all; default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model", action="append", default=[], metavar="NAME=INDEX_DIR[@CHECKPOINT]",
+                   help="a model to serve (repeatable), e.g. --model bl=indexes/bl --model ltd=indexes/ltd; "
+                        "@CHECKPOINT names the checkpoint when it is no longer where the index was built")
+    add_bind_args(p)
     p.add_argument("--no-ui", action="store_true", help="do not mount the Gradio UI at /ui")
     p.add_argument("--workers", type=int, default=1,
                    help="server processes, each loading every model (default 1; on 2 cores a second one measured no gain)")
@@ -58,19 +59,61 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-batching", action="store_true", help="encode each text query on its own request thread")
     p.add_argument("--quantize-text", action="store_true",
                    help="encode queries with an int8 copy of the text encoder (~2.5x faster on CPU, approximate)")
+    p.add_argument("--verify-index", choices=("hash", "counts"), default="hash",
+                   help="check index data files by sha256 (default) or only by size and counts (huge indexes)")
     p.add_argument("--access-log", action="store_true", help="log every request (off by default: /metrics counts them)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=cmd_serve)
 
 
-def parse_models(specs: list[str]) -> dict[str, str]:
-    """``["bl=indexes/bl", ...]`` → ``{"bl": "/abs/indexes/bl"}``; ValueError / FileNotFoundError on bad input."""
+def add_bind_args(p: argparse.ArgumentParser) -> None:
+    """--host/--port/--expose/--allowed-host: shared by `ltd serve` and `ltd demo`."""
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only); any other address needs --expose")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--expose", action="store_true",
+                   help="allow a non-loopback --host (e.g. 0.0.0.0): the API and UI become reachable from other "
+                        "machines; set LTD_API_TOKEN to require a token")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a Host header to answer besides the bound address (repeatable; e.g. a DNS name)")
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_policy(host: str, expose: bool, extra_hosts: list[str], token: str | None) -> list[str] | None:
+    """The Host headers to answer (None = any), after refusing an accidental exposure."""
+    if is_loopback(host):
+        return ["localhost", "127.0.0.1", "::1", *extra_hosts]
+    if not expose:
+        raise ValueError(f"--host {host} makes the server reachable from other machines; add --expose to do that on "
+                         "purpose (and set LTD_API_TOKEN to require a token), or keep the default 127.0.0.1")
+    if not token:
+        log.warning("serving on %s WITHOUT a token: anyone who can reach this port can use the API and UI "
+                    "(set LTD_API_TOKEN to require one)", host)
+    return extra_hosts or None
+
+
+def parse_models(specs: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``["bl=indexes/bl", "ltd=ix/ltd@runs/ltd/best.pt"]`` → (name → index dir, name → checkpoint),
+    absolute paths; ValueError / FileNotFoundError on bad input."""
     models: dict[str, str] = {}
+    checkpoints: dict[str, str] = {}
     for spec in specs:
         name, sep, path = spec.partition("=")
         name, path = name.strip(), path.strip()
-        if not sep or not name or not path:
-            raise ValueError(f"--model {spec!r}: expected NAME=INDEX_DIR, e.g. --model ltd=indexes/ltd")
+        path, at, ckpt = path.partition("@")
+        if not sep or not name or not path or (at and not ckpt):
+            raise ValueError(f"--model {spec!r}: expected NAME=INDEX_DIR or NAME=INDEX_DIR@CHECKPOINT, "
+                             "e.g. --model ltd=indexes/ltd")
         if not NAME_RE.match(name):
             raise ValueError(f"--model {spec!r}: a name is 1-64 letters, digits, '_', '.' or '-' "
                              "(it appears in URLs), starting with a letter or digit")
@@ -82,8 +125,27 @@ def parse_models(specs: list[str]) -> dict[str, str]:
         if not (d / "manifest.json").is_file():
             raise ValueError(f"--model {spec!r}: {d} is not an index directory (no manifest.json); "
                              "build one with `ltd index`")
+        if ckpt:
+            c = Path(ckpt).expanduser()
+            if not c.is_file():
+                raise FileNotFoundError(f"--model {spec!r}: checkpoint {c} does not exist")
+            checkpoints[name] = str(c.resolve())
         models[name] = str(d.resolve())
-    return models
+    return models, checkpoints
+
+
+def preflight(settings) -> dict[str, str]:
+    """Cheap checks of every model before the port is bound: the manifest reads and the checkpoint
+    is where it says. Returns name → problem for the models that cannot work."""
+    from indexer.index import IndexDirError, read_manifest, resolve_checkpoint
+
+    problems = {}
+    for name, d in settings.models.items():
+        try:
+            resolve_checkpoint(d, read_manifest(d), settings.checkpoints.get(name))
+        except (IndexDirError, OSError) as e:
+            problems[name] = str(e)
+    return problems
 
 
 def urls(host: str, port: int, ui: bool) -> list[tuple[str, str]]:
@@ -93,9 +155,36 @@ def urls(host: str, port: int, ui: bool) -> list[tuple[str, str]]:
     return out + ([("UI", f"{base}/ui")] if ui else [])
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind before anything is printed: a busy port is one clear error, not a banner and a crash."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e} (another server running? pick another "
+                         "--port)") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def limit_heap_retention() -> None:
+    """Large allocations (decoded uploads) come from mmap and go back to the OS when freed, instead of
+    staying in glibc's heap at the peak a burst reached (M_MMAP_THRESHOLD fixed at 4 MiB)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(-3, 4 * 1024 * 1024)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
+
+
 def serve(settings, *, host: str = "127.0.0.1", port: int = 8000, service=None, workers: int = 1,
-          access_log: bool = False, log_level: str = "info") -> None:
-    """Run uvicorn until interrupted. ``service``: an already built SearchService (one process only)."""
+          access_log: bool = False, log_level: str = "info") -> int:
+    """Run uvicorn until interrupted; 2 when no model could be loaded. ``service``: an already built
+    SearchService (one process only)."""
     import uvicorn
 
     from app.main import apply_thread_settings, create_app
@@ -104,19 +193,42 @@ def serve(settings, *, host: str = "127.0.0.1", port: int = 8000, service=None, 
         raise ValueError(f"--workers must be at least 1, got {workers}")
     if workers > 1 and service is not None:
         raise ValueError("several workers cannot share a service object; each worker loads its own models")
-    kw = dict(host=host, port=port, access_log=access_log, log_level=log_level, timeout_graceful_shutdown=5,
+    sock = bind_socket(host, port)
+    limit_heap_retention()
+    kw = dict(access_log=access_log, log_level=log_level, timeout_graceful_shutdown=5,
               http="app.cmd_serve:NoDelayHTTPProtocol")
     if workers > 1:
         # Worker processes rebuild the app from LTD_* variables (app.main.create_app_from_env).
-        for key, value in settings.model_dump().items():
-            os.environ[f"LTD_{key.upper()}"] = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+        for key, value in settings.model_dump(mode="json").items():
+            if value is not None:
+                os.environ[f"LTD_{key.upper()}"] = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
         _print_urls(host, port, settings.ui)
-        uvicorn.run("app.main:create_app_from_env", factory=True, workers=workers, **kw)
-        return
+        config = uvicorn.Config("app.main:create_app_from_env", factory=True, workers=workers, **kw)
+        from uvicorn.supervisors import Multiprocess
+
+        Multiprocess(config, target=uvicorn.Server(config).run, sockets=[sock]).run()
+        return 0
     apply_thread_settings(settings)
     app = create_app(settings, service=service)
+    server = uvicorn.Server(uvicorn.Config(app, **kw))
+    svc = app.state.service
+    _stop_when_nothing_loads(svc, server)
     _print_urls(host, port, app.state.ui_mounted)
-    uvicorn.run(app, **kw)
+    server.run(sockets=[sock])
+    if svc.load_error:
+        log.error("%s", svc.load_error)
+        return 2
+    return 0
+
+
+def _stop_when_nothing_loads(svc, server) -> None:
+    """When loading ends with no model at all, stop the server (the command then exits 2)."""
+    def watch() -> None:
+        svc.ready.wait()
+        if svc.load_error:
+            server.should_exit = True
+
+    threading.Thread(target=watch, name="ltd-load-watch", daemon=True).start()
 
 
 def _print_urls(host: str, port: int, ui: bool) -> None:
@@ -129,9 +241,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
-    overrides: dict = {"ui": not args.no_ui}
+    overrides: dict = {"ui": not args.no_ui, "verify_index": args.verify_index}
     if args.model:
-        overrides["models"] = parse_models(args.model)
+        overrides["models"], overrides["checkpoints"] = parse_models(args.model)
     if args.device:
         overrides["device"] = args.device
     if args.torch_threads is not None:
@@ -148,8 +260,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not settings.models:
         raise ValueError("no models: give --model NAME=INDEX_DIR (repeatable), or set LTD_MODELS")
     if not args.model:  # from LTD_MODELS: check them like flags
-        settings.models = parse_models([f"{n}={p}" for n, p in settings.models.items()])
+        settings.models, found = parse_models([f"{n}={p}" for n, p in settings.models.items()])
+        settings.checkpoints = {**found, **settings.checkpoints}
+    token = settings.api_token.get_secret_value() if settings.api_token else None
+    settings.allowed_hosts = bind_policy(args.host, args.expose, args.allowed_host, token)
+    problems = preflight(settings)
+    for name, why in problems.items():
+        log.error("model %s cannot be served: %s", name, why)
+    if len(problems) == len(settings.models):
+        raise ValueError("no model can be served (see above)")
     log.info("serving %s", ", ".join(f"{n}={p}" for n, p in settings.models.items()))
-    serve(settings, host=args.host, port=args.port, workers=args.workers, access_log=args.access_log,
-          log_level=args.log_level)
-    return 0
+    return serve(settings, host=args.host, port=args.port, workers=args.workers, access_log=args.access_log,
+                 log_level=args.log_level)

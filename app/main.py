@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from http import HTTPStatus
+from pathlib import Path
 
 import anyio
 from fastapi import FastAPI, Request
@@ -26,12 +27,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.prom import PrometheusMiddleware, Registry
 from app.routers import health, media, metrics, search
+from app.security import AccessMiddleware
 from app.service import SearchService, ServiceError
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
-UPLOAD_PATHS = ("/api/search/image", "/api/compare")
+UPLOAD_PATHS = ("/api/search/image", "/api/compare", "/ui/gradio_api/upload")
 MULTIPART_OVERHEAD = 64 * 1024  # boundaries, part headers and the small form fields next to the file
 
 ERROR_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 406: "not_acceptable",
@@ -113,9 +115,9 @@ def body_limits(settings: Settings) -> Callable[[str], int | None]:
 
     def limit_for(path: str) -> int | None:
         if path.startswith(UPLOAD_PATHS):
-            return upload
+            return upload  # Gradio's upload route also checks each file against max_file_size
         if path == "/ui" or path.startswith("/ui/"):
-            return None  # Gradio enforces its own max_file_size (set to the same upload limit)
+            return settings.max_ui_json_bytes  # the UI's queue and API calls: component values, no files
         return settings.max_json_bytes
 
     return limit_for
@@ -173,7 +175,7 @@ async def lifespan(app: FastAPI):
         if app.state.settings.load_in_background:
             svc.start_loading()
         else:
-            await anyio.to_thread.run_sync(svc.load)  # a failure aborts the start-up
+            await anyio.to_thread.run_sync(svc.load)  # when no model loads, the start-up fails
     try:
         yield
     finally:
@@ -193,9 +195,30 @@ def _mount_ui(app: FastAPI, service: SearchService, settings: Settings) -> None:
         return
     import gradio as gr
 
-    gr.mount_gradio_app(app, build_ui(service), path="/ui", theme=THEME, css=CSS,
-                        max_file_size=settings.max_upload_bytes)
+    blocks = build_ui(service, max_upload_bytes=settings.max_upload_bytes)
+    gr.mount_gradio_app(app, blocks, path="/ui", theme=THEME, css=CSS, max_file_size=settings.max_upload_bytes,
+                        blocked_paths=_private_paths(settings), run_history=False, enable_monitoring=False,
+                        mcp_server=False)
+    # gr.mount_gradio_app never marks the Blocks as launched, and Gradio checks that a file path sent
+    # as an input was uploaded through the UI only for launched Blocks: without this, any client could
+    # name any file on the server as an "image" and have it copied into Gradio's cache and served.
+    blocks.has_launched = True
     app.state.ui_mounted = True
+
+
+def _private_paths(settings: Settings) -> list[str]:
+    """Folders Gradio must never serve from: the index directories and their checkpoints' folders."""
+    from indexer.index import IndexDirError, read_manifest, resolve_checkpoint
+
+    out = set()
+    for name, d in settings.models.items():
+        out.add(str(Path(d).resolve()))
+        try:
+            ckpt = resolve_checkpoint(d, read_manifest(d), settings.checkpoints.get(name))
+            out.add(str(ckpt.parent))
+        except (IndexDirError, OSError):
+            pass  # reported when the models load
+    return sorted(out)
 
 
 def _enumerate_models(node: object, names: list[str]) -> None:
@@ -250,6 +273,8 @@ def create_app(settings: Settings | None = None, service: SearchService | None =
     app.state.metrics = registry
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limits(settings))
+    token = settings.api_token.get_secret_value() if settings.api_token else None
+    app.add_middleware(AccessMiddleware, token=token, allowed_hosts=settings.allowed_hosts)
     app.add_middleware(PrometheusMiddleware, registry=registry,  # outermost: times everything, 413s included
                        fixed_paths=[u for u in (app.openapi_url, app.docs_url, app.redoc_url,
                                                 app.swagger_ui_oauth2_redirect_url) if u],

@@ -136,9 +136,10 @@ class ErrorResponse(BaseModel):
 
 
 class HealthResponse(BaseModel):
-    status: Literal["ok", "loading", "error"]
+    status: Literal["ok", "degraded", "loading", "error"]
     models: list[str] = Field(description="configured model names")
     loaded: list[str] = Field(description="models loaded so far")
+    down: dict[str, str] = Field(default_factory=dict, description="models that could not be loaded, and why")
     detail: str | None = None
     loaded_at: float | None = Field(None, description="Unix time when loading finished")
 

@@ -27,10 +27,11 @@ import torch
 
 from indexer.build import load_model
 from indexer.evaluate import load_report
-from indexer.index import IndexDir, load_index_dir
+from indexer.index import IndexDir, IndexDirError, load_index_dir, read_manifest, relative_to_index, resolve_checkpoint
 from indexer.metrics import query_metrics
 from training.data.images import ImageError, load_image
-from training.models.dual_encoder import DualEncoder, NoImageBackbone
+from training.fsio import sha256_file
+from training.models.dual_encoder import DualEncoder
 from training.models.text_encoder import move_batch
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,10 @@ class NotFound(ServiceError):
 
 class NotReady(ServiceError):
     status, error = 503, "not_ready"
+
+
+class Busy(ServiceError):
+    status, error = 503, "busy"
 
 
 class Unsupported(ServiceError):
@@ -159,7 +164,7 @@ class ModelEntry:
     def relevance(self) -> np.ndarray | None:
         """ROUGE-L relevance (captions × images) when the index has it cached (ltd eval computes it)."""
         if self._relevance is None and self.has_ground_truth:
-            p = self.index.path / "relevance_rougeL.npy"
+            p = self.index.derived_path("relevance_rougeL")
             if p.is_file():
                 self._relevance = np.load(p, mmap_mode="r")
         return self._relevance
@@ -190,18 +195,24 @@ class SearchResult:
 class SearchService:
     def __init__(self, models: dict[str, str | Path], *, device: str = "cpu", max_k: int = 1000,
                  thumb_cache: int = 2048, text_cache: int = 4096, text_batching: bool = True,
-                 max_text_batch: int = 64, max_query_chars: int = 1000, max_upload_pixels: int = 50_000_000,
-                 text_quantize: bool = False):
+                 max_text_batch: int = 64, max_query_chars: int = 1000, max_upload_pixels: int = 16_000_000,
+                 text_quantize: bool = False, checkpoints: dict[str, str | Path] | None = None,
+                 verify_index: str = "hash", max_concurrent_decodes: int = 2):
         if not models:
             raise ValueError("no models given: pass at least one NAME=INDEX_DIR")
         if text_quantize and device != "cpu":
             raise ValueError("text_quantize (int8 dynamic quantisation) runs on the CPU only")
         self.specs = {n: Path(p) for n, p in models.items()}
+        self.checkpoints = {n: Path(p) for n, p in (checkpoints or {}).items()}
+        self.verify_index = verify_index
         self.device, self.max_k, self.max_query_chars = device, max_k, max_query_chars
         self.max_upload_pixels = max_upload_pixels
+        # Decodes at once: each holds up to max_upload_pixels × 4 bytes while it runs.
+        self._decode_slots = threading.BoundedSemaphore(max(1, max_concurrent_decodes))
         self.entries: dict[str, ModelEntry] = {}
-        self.ready = threading.Event()
-        self.load_error: str | None = None
+        self.failed: dict[str, str] = {}  # model name → why it could not be loaded
+        self.ready = threading.Event()  # set when loading has finished (every model loaded or failed)
+        self.load_error: str | None = None  # set when no model could be loaded
         self._load_lock = threading.Lock()
         self._loader: threading.Thread | None = None
         self._thumbs: OrderedDict[tuple, bytes] = OrderedDict()
@@ -222,27 +233,37 @@ class SearchService:
         return cls(settings.models, device=settings.device, max_k=settings.max_k, thumb_cache=settings.thumb_cache,
                    text_cache=settings.text_cache, text_batching=settings.text_batching,
                    max_text_batch=settings.max_text_batch, max_query_chars=settings.max_query_chars,
-                   max_upload_pixels=settings.max_upload_pixels, text_quantize=settings.text_quantize)
+                   max_upload_pixels=settings.max_upload_pixels, text_quantize=settings.text_quantize,
+                   checkpoints=settings.checkpoints, verify_index=settings.verify_index,
+                   max_concurrent_decodes=settings.max_concurrent_decodes)
 
     # ---- loading -------------------------------------------------------------------------------
     def load(self) -> None:
-        """Load every model and index once; the index must have been built by that checkpoint.
-        Safe to call more than once and from several threads (later calls return at once)."""
+        """Load every model and index once; each index must have been built by its checkpoint.
+        A model that fails is reported (``failed``) and the others are served; when none loads,
+        ``load_error`` says why and a RuntimeError is raised. Safe to call more than once and from
+        several threads (later calls return at once)."""
         with self._load_lock:
             if self.ready.is_set():
+                if self.load_error:
+                    raise RuntimeError(self.load_error)
                 return
-            self.load_error = None
-            try:
-                for name, path in self.specs.items():
-                    if name not in self.entries:
-                        self.entries[name] = self._load_one(name, path)
-                        log.info("model %s ready: %s", name, path)
-            except Exception as e:
-                self.load_error = f"{type(e).__name__}: {e}"
-                log.error("loading models failed: %s", self.load_error)
-                raise
+            for name, path in self.specs.items():
+                if name in self.entries:
+                    continue
+                try:
+                    self.entries[name] = self._load_one(name, path)
+                    log.info("model %s ready: %s", name, path)
+                except Exception as e:  # one broken model must not take the others down
+                    reason = str(e) if isinstance(e, (ValueError, OSError)) else f"{type(e).__name__}: {e}"
+                    self.failed[name] = reason
+                    log.error("model %s cannot be served: %s", name, reason)
+            if not self.entries:
+                self.load_error = "no model could be loaded: " + "; ".join(f"{n}: {r}" for n, r in self.failed.items())
             self.loaded_at = time.time()
             self.ready.set()
+            if self.load_error:
+                raise RuntimeError(self.load_error)
 
     def start_loading(self) -> threading.Thread:
         """Load in a background thread (``ready`` is set when done, ``load_error`` when it failed)."""
@@ -259,10 +280,12 @@ class SearchService:
 
     @property
     def status(self) -> str:
-        """``ok`` (ready), ``error`` (loading failed) or ``loading``."""
-        if self.ready.is_set():
-            return "ok"
-        return "error" if self.load_error is not None else "loading"
+        """``loading``; then ``ok`` (every model serves), ``degraded`` (some failed) or ``error`` (none loaded)."""
+        if not self.ready.is_set():
+            return "loading"
+        if self.load_error is not None:
+            return "error"
+        return "degraded" if self.failed else "ok"
 
     def close(self) -> None:
         """Stop the batcher threads (the entries stay usable without batching)."""
@@ -272,18 +295,19 @@ class SearchService:
                 b.close()
 
     def _load_one(self, name: str, path: Path) -> ModelEntry:
-        from indexer.index import read_manifest
-
         manifest = read_manifest(path)
-        ckpt = Path(manifest.get("checkpoint", ""))
-        if not ckpt.is_file():
-            raise FileNotFoundError(f"model {name}: the checkpoint named by {path}/manifest.json is missing: {ckpt}")
+        ckpt = resolve_checkpoint(path, manifest, self.checkpoints.get(name))
+        sha = sha256_file(ckpt)
+        if sha != manifest.get("checkpoint_sha256"):  # before the file is even unpickled
+            raise IndexDirError(f"{ckpt} is not the checkpoint that built {path} (sha256 {sha[:12]}…, the manifest "
+                                f"says {str(manifest.get('checkpoint_sha256'))[:12]}…); rebuild the index with "
+                                "`ltd index` or serve it with the checkpoint that built it")
+        ix = load_index_dir(path, checkpoint_sha256=sha, verify=self.verify_index)
         lm = load_model(ckpt, self.device)
         lm.model.eval()  # once: encoding calls the submodules directly, from many threads
-        ix = load_index_dir(path, checkpoint_sha256=lm.sha256)
         run_dir = ckpt.parent if (ckpt.parent / "metrics.jsonl").is_file() else None
         entry = ModelEntry(name=name, index=ix, model=lm.model, checkpoint=ckpt, sha256=lm.sha256,
-                           report=load_report(path), run_dir=run_dir,
+                           report=load_report(path, ix.generation), run_dir=run_dir,
                            image_pos={int(i): k for k, i in enumerate(ix.images.ids)},
                            caption_pos={int(i): k for k, i in enumerate(ix.captions.ids)})
         entry.query_encoder = self._quantized(lm.model.text) if self.text_quantize else lm.model.text
@@ -296,13 +320,25 @@ class SearchService:
     def names(self) -> list[str]:
         return list(self.specs)
 
+    @property
+    def default_name(self) -> str:
+        """The first model that serves (the first one given while loading)."""
+        return next((n for n in self.names if n in self.entries), self.names[0])
+
+    @property
+    def default_name_with_ground_truth(self) -> str:
+        """The first serving model whose index is a dataset split (queries there have ground truth)."""
+        return next((n for n, e in self.entries.items() if e.has_ground_truth), self.default_name)
+
     def get(self, name: str | None) -> ModelEntry:
-        if not self.ready.is_set():
-            raise NotReady("models are still loading" if self.load_error is None else f"loading failed: {self.load_error}")
         if name is None:
-            return self.entries[self.names[0]]
-        if name not in self.entries:
+            name = self.default_name
+        if name not in self.specs:
             raise NotFound(f"unknown model {name!r}; valid models: {', '.join(self.names)}", valid_models=self.names)
+        if name in self.failed:
+            raise NotReady(f"model {name} is down: {self.failed[name]}")
+        if name not in self.entries:
+            raise NotReady("models are still loading")
         return self.entries[name]
 
     def _check_k(self, k: int) -> int:
@@ -313,7 +349,7 @@ class SearchService:
     # ---- info ----------------------------------------------------------------------------------
     def model_info(self, name: str) -> dict:
         e = self.get(name)
-        mf = e.index.manifest
+        mf = public_manifest(e.index.path, e.index.manifest)
         summary = None
         if e.report:
             summary = {k: v for k, v in e.report.items() if k != "meta"}
@@ -342,8 +378,13 @@ class SearchService:
 
     # ---- encoding ------------------------------------------------------------------------------
     def clean_query(self, text: str) -> str:
-        """Collapse whitespace; refuse empty and over-long queries."""
-        q = " ".join(str(text).split())
+        """Drop control characters, collapse whitespace; refuse empty and over-long queries and text
+        that is not valid Unicode."""
+        try:
+            str(text).encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate such as "\ud800" (valid JSON, not valid text)
+            raise ServiceError("the query contains invalid Unicode (an unpaired surrogate)") from None
+        q = " ".join("".join(ch for ch in str(text) if ch.isprintable() or ch.isspace()).split())
         if not q:
             raise ServiceError("query is empty (after trimming whitespace)")
         if len(q) > self.max_query_chars:
@@ -411,15 +452,27 @@ class SearchService:
         if sniff_image_type(data) is None:
             raise UnsupportedMediaType("the upload is not an image of an accepted type "
                                        "(JPEG, PNG, WebP, BMP, GIF, TIFF)")
+        if e.model.image.backbone is None:
+            raise Unsupported(f"model {name} was trained on precomputed features and has no image backbone; "
+                              "search with a dataset image id instead")
+        min_side = 2 * e.model.image.backbone.preprocess.resize
+        if not self._decode_slots.acquire(timeout=30):
+            raise Busy("too many image uploads are being decoded at once; try again shortly")
         try:
-            img = load_image(data, name="upload", max_pixels=self.max_upload_pixels)
+            # A JPEG decodes at reduced scale (short side ≥ twice the model's input size), any other
+            # format within the pixel budget: both bound the memory one request can take.
+            img = load_image(data, name="upload", max_pixels=self.max_upload_pixels, min_side=min_side)
+            big = img.width * img.height >= 4_000_000
+            x = e.model.image.prepare([img])
+            del img
         except ImageError as err:
             raise ServiceError(str(err)) from None
-        try:
-            with torch.inference_mode():
-                return e.model.embed_pil([img])[0].numpy()
-        except NoImageBackbone as err:
-            raise Unsupported(f"model {name}: {err}; search with a dataset image id instead") from None
+        finally:
+            self._decode_slots.release()
+        if big:
+            release_free_memory()
+        with torch.inference_mode():
+            return e.model.image(x.to(e.model.device)).float().cpu()[0].numpy()
 
     # ---- search --------------------------------------------------------------------------------
     @staticmethod
@@ -602,6 +655,31 @@ class SearchService:
             return []
         path = e.run_dir / "metrics.jsonl"
         return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def release_free_memory() -> None:
+    """Give freed heap memory back to the OS (glibc), so a burst of large decodes does not leave
+    the server's resident size at its peak."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def public_manifest(index_path: Path, manifest: dict) -> dict:
+    """The manifest as the API shows it: no absolute paths of the server's file system (paths are
+    given relative to the served index directory)."""
+    def rel(v: object) -> object:
+        return relative_to_index(index_path, v) if isinstance(v, str) and v.startswith("/") else v
+
+    out = {k: v for k, v in manifest.items() if k not in ("checkpoint", "files")}
+    out["checkpoint"] = manifest.get("checkpoint_relative") or rel(manifest.get("checkpoint"))
+    out["dataset"] = {k: rel(v) for k, v in (manifest.get("dataset") or {}).items()}
+    out["skipped"] = [{**s, "file": rel(s.get("file"))} for s in manifest.get("skipped", [])]
+    out["appends"] = [{k: rel(v) for k, v in a.items()} for a in manifest.get("appends", [])]
+    return out
 
 
 def result_to_dict(r: SearchResult) -> dict:

@@ -5,7 +5,9 @@ Every field can be set from the environment, e.g. ``LTD_MODELS='{"bl": "indexes/
 """
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -14,15 +16,30 @@ class Settings(BaseSettings):
 
     # NAME → index directory; from `ltd serve --model NAME=DIR` or LTD_MODELS='{"bl": "indexes/bl"}'.
     models: dict[str, str] = Field(default_factory=dict)
+    # NAME → checkpoint, for an index whose checkpoint moved (`--model NAME=INDEX_DIR@CHECKPOINT`).
+    checkpoints: dict[str, str] = Field(default_factory=dict)
+    # Index check at load: "hash" (sha256 of every data file, default) or "counts" (sizes and counts only,
+    # for very large indexes; logged).
+    verify_index: Literal["hash", "counts"] = "hash"
+    # A bearer token for /api, /ui, /docs and /metrics (not /api/health). Set it whenever the server is
+    # reachable by others: `Authorization: Bearer TOKEN`, or the cookie that /login sets for browsers.
+    api_token: SecretStr | None = None
+    # Host headers the server answers (DNS-rebinding protection); None = any. `ltd serve` sets the
+    # loopback names when it binds a loopback address.
+    allowed_hosts: list[str] | None = None
     device: str = "cpu"
     max_k: int = Field(1000, ge=1)
     max_query_chars: int = Field(1000, ge=1)
     max_upload_bytes: int = Field(10 * 1024 * 1024, ge=1)
-    # Decoded size limit of an uploaded image (width × height), well below PIL's bomb limit: a
-    # 50-megapixel upload already needs 150 MB as RGB.
-    max_upload_pixels: int = Field(50_000_000, ge=1)
+    # Decoded size limit of an uploaded image (width × height). JPEGs decode at reduced scale first
+    # (short side ≥ twice the model's input), so this binds PNG/WebP/GIF/BMP/TIFF: 16 MP is 64 MB in memory.
+    max_upload_pixels: int = Field(16_000_000, ge=1)
+    # Uploads decoded at the same time (each may hold max_upload_pixels × 4 bytes while it runs).
+    max_concurrent_decodes: int = Field(2, ge=1)
     # Bodies of the JSON endpoints (a 1,000-character query is ~6 KB even fully \u-escaped).
     max_json_bytes: int = Field(64 * 1024, ge=1024)
+    # Bodies of the UI's own requests (Gradio's queue and API calls; file uploads use max_upload_bytes).
+    max_ui_json_bytes: int = Field(256 * 1024, ge=1024)
     load_in_background: bool = True  # answer /api/health (503 "loading") while models load
     ui: bool = True  # mount the Gradio UI at /ui
     # Intra-op threads of torch (0 = torch's default, one per core). With text batching one thread

@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -40,6 +39,7 @@ import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench import _server  # noqa: E402
 from bench._common import replace_section  # noqa: E402
 
 BENCHMARKS = ROOT / "BENCHMARKS.md"
@@ -155,15 +155,9 @@ async def run_load(host: str, port: int, queries: list[str], model: str, k: int,
 
 
 # ---- the server ------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(models: list[str], port: int, args, log_path: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port), "--no-ui",
-           "--workers", str(args.workers), "--torch-threads", str(args.torch_threads), "--log-level", "warning"]
+def server_args(models: list[str], args) -> list[str]:
+    cmd = ["--host", "127.0.0.1", "--no-ui", "--workers", str(args.workers), "--torch-threads", str(args.torch_threads),
+           "--log-level", "warning"]
     if args.quantize_text:
         cmd.append("--quantize-text")
     for m in models:
@@ -172,8 +166,7 @@ def start_server(models: list[str], port: int, args, log_path: Path) -> subproce
         cmd.append("--no-text-cache")
     if args.batching == "off":
         cmd.append("--no-batching")
-    log = open(log_path, "w")
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return cmd
 
 
 def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -186,33 +179,6 @@ def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return r.status, r.read()
     finally:
         c.close()
-
-
-def wait_healthy(proc: subprocess.Popen, port: int, timeout: float, log_path: Path) -> float:
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            status, body = http_get(port, "/api/health")
-            if status == 200:
-                return time.perf_counter() - t0
-            if status == 503 and json.loads(body).get("status") == "error":
-                raise RuntimeError(f"the server could not load its models: {json.loads(body).get('detail')}")
-        except (ConnectionError, OSError):
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"no healthy server after {timeout:.0f} s:\n{log_path.read_text()[-3000:]}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -354,18 +320,20 @@ def main(argv: list[str] | None = None) -> int:
     target = args.target or list(index_dirs)[-1]
     if target not in index_dirs:
         p.error(f"--target {target} is not one of the --model names")
-    texts = json.loads((Path(index_dirs[target]) / "captions.json").read_text())["texts"]
-    n_images = json.loads((Path(index_dirs[target]) / "manifest.json").read_text())["counts"]["images"]
+    manifest = json.loads((Path(index_dirs[target]) / "manifest.json").read_text())
+    texts = json.loads((Path(index_dirs[target]) / manifest["files"]["captions.json"]["file"]).read_text())["texts"]
+    n_images = manifest["counts"]["images"]
     rng = np.random.default_rng(args.seed)
     queries = [texts[i] for i in rng.integers(0, len(texts), args.requests)]
     warm = [texts[i] for i in rng.integers(0, len(texts), args.warmup)]
 
     load = os.getloadavg()[0]
-    port = free_port()
-    log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"ltd_api_load_{port}.log"
-    proc = start_server([f"{n}={d}" for n, d in index_dirs.items()], port, args, log_path)
+    log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"ltd_api_load_{os.getpid()}.log"
+    t0 = time.perf_counter()
+    proc, base = _server.start(server_args([f"{n}={d}" for n, d in index_dirs.items()], args), log_path, timeout=600)
+    port = int(base.rsplit(":", 1)[1])
     try:
-        startup = wait_healthy(proc, port, 600, log_path)
+        startup = time.perf_counter() - t0
         print(f"server ready on port {port} after {startup:.1f} s (log: {log_path})", file=sys.stderr)
         if warm:
             asyncio.run(run_load("127.0.0.1", port, warm, target, args.k, args.concurrency, 120, args.client))
@@ -374,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                                    args.client))
         after = scrape(port)
     finally:
-        stop_server(proc)
+        _server.stop(proc)
     server = {k: after[k] - before.get(k, 0) for k in after}
     print(json.dumps({"api": api, "server": server}, indent=1), file=sys.stderr)
     inproc = {"seq_p50_ms": float("nan"), "seq_p99_ms": float("nan"), "conc_p50_ms": float("nan"),

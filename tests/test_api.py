@@ -471,11 +471,19 @@ def test_serve_cli_builds_settings(tiny_index_pair, capsys, monkeypatch):
     seen = {}
     monkeypatch.setattr(cmd, "serve", lambda settings, **kw: seen.update(settings=settings, **kw))
     bl, ltd = tiny_index_pair["bl"], tiny_index_pair["ltd"]
-    assert main(["serve", "--model", f"bl={bl}", "--model", f"ltd={ltd}", "--no-ui", "--port", "8123",
-                 "--host", "0.0.0.0", "--no-text-cache", "--torch-threads", "2"]) == 0
+    common = ["serve", "--model", f"bl={bl}", "--model", f"ltd={ltd}", "--no-ui", "--port", "8123"]
+    # another address than loopback is a decision: refused without --expose, before anything loads
+    assert main([*common, "--host", "0.0.0.0"]) == 2
+    assert "--expose" in capsys.readouterr().err and not seen
+    assert main([*common, "--host", "0.0.0.0", "--expose", "--no-text-cache", "--torch-threads", "2"]) == 0
     s = seen["settings"]
     assert s.models == {"bl": str(Path(bl).resolve()), "ltd": str(Path(ltd).resolve())}
     assert (s.ui, s.text_cache, s.torch_threads, seen["port"], seen["host"]) == (False, 0, 2, 8123, "0.0.0.0")
+    assert s.allowed_hosts is None  # exposed: any Host (a token, if set, guards access)
+    assert main([*common, "--allowed-host", "ltd.local"]) == 0  # loopback: only loopback names
+    assert seen["settings"].allowed_hosts == ["localhost", "127.0.0.1", "::1", "ltd.local"]
+    assert main(["serve", "--model", f"bl={bl}@{tiny_index_pair['runs']['bl'] / 'best.pt'}", "--no-ui"]) == 0
+    assert seen["settings"].checkpoints == {"bl": str((tiny_index_pair["runs"]["bl"] / "best.pt").resolve())}
     assert main(["serve", "--model", f"bl={bl}", "--model", f"bl={ltd}"]) == 2
     assert "given twice" in capsys.readouterr().err
     from app.cmd_serve import urls
@@ -493,3 +501,56 @@ def test_ui_is_mounted_next_to_the_api(tiny_index_pair, service):
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
         assert c.post("/api/search/text", json={"query": "a red square"}).status_code == 200
         assert 'route="/ui/"' in c.get("/metrics").text  # mounted routes keep their mount point
+
+
+@pytest.mark.parametrize("path", ["/api/search/text", "/api/search/image", "/api/compare"])
+@pytest.mark.parametrize("body", [
+    "[" * 5000 + "]" * 5000,  # nesting past the parser's recursion limit
+    '{"image_id": ' + "9" * 5000 + ', "caption_id": 1, "models": ["bl", "ltd"]}',  # over Python's int digit limit
+    '{"query": "a \\ud800 dog", "models": ["bl", "ltd"]}',  # a lone surrogate: valid JSON, not valid text
+    '{"query": "a dog", "k": 1e400, "models": ["bl", "ltd"]}',
+    '{"query": "\\u0000", "models": ["bl", "ltd"]}',
+    b'{"query": "\xff\xfe"}',
+])
+def test_hostile_json_bodies_are_4xx_json(client, path, body):
+    """Every one of these once answered 500 (or could): each must be a 4xx with a JSON error body."""
+    r = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert 400 <= r.status_code < 500, (r.status_code, r.text[:200])
+    assert r.json()["error"] and r.json()["detail"]
+
+
+def test_hostile_multipart_fields_are_4xx_json(client, jpeg):
+    for data in ({"k": "9" * 5000}, {"model": "\ud800"}, {"k": "1e400"}):
+        r = client.post("/api/search/image", files={"file": ("a.jpg", jpeg, "image/jpeg")},
+                        data={k: v.encode("utf-8", "surrogatepass") for k, v in data.items()})
+        assert 400 <= r.status_code < 500 and r.json()["error"], (data, r.status_code, r.text[:200])
+
+
+def test_a_broken_model_is_reported_and_the_others_serve(tiny_index_pair, tmp_path):
+    """One model whose checkpoint is gone: health says 'degraded' and which model is down (with the
+    fix), requests to it answer 503 with the reason, the other model serves; none at all: 'error'."""
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_index_pair["ltd"], broken)
+    mf = json.loads((broken / "manifest.json").read_text())
+    mf["checkpoint"], mf["checkpoint_relative"] = "/nonexistent/best.pt", "../nowhere/best.pt"
+    (broken / "manifest.json").write_text(json.dumps(mf))
+    svc = SearchService({"bl": str(tiny_index_pair["bl"]), "ltd": str(broken)})
+    svc.load()
+    app = create_app(_settings(tiny_index_pair), service=svc)
+    with TestClient(app) as c:
+        h = c.get("/api/health")
+        assert h.status_code == 200 and h.json()["status"] == "degraded" and h.json()["loaded"] == ["bl"]
+        assert "checkpoint" in h.json()["down"]["ltd"] and "@" in h.json()["down"]["ltd"]  # names the fix
+        assert c.post("/api/search/text", json={"query": "a red square", "model": "bl"}).status_code == 200
+        r = c.post("/api/search/text", json={"query": "a red square", "model": "ltd"})
+        assert r.status_code == 503 and "ltd is down" in r.json()["detail"]
+        assert c.post("/api/search/text", json={"query": "a red square"}).status_code == 200  # default: a live model
+    none = SearchService({"ltd": str(broken)})
+    with pytest.raises(RuntimeError, match="no model could be loaded"):
+        none.load()
+    assert none.status == "error"
+
+
+def test_models_endpoint_shows_no_absolute_paths(client, tiny_index_pair):
+    body = client.get("/api/models").text
+    assert str(Path(tiny_index_pair["bl"]).parent) not in body and '"/' not in body.replace('"/api', "")

@@ -6,68 +6,21 @@ artifacts/screenshots/ for people to look at.
 """
 from __future__ import annotations
 
-import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from bench import _server as live
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "artifacts" / "screenshots"
 CHROMIUM = "/usr/bin/chromium" if Path("/usr/bin/chromium").is_file() else shutil.which("chromium")
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", "--no-first-run"]
-STARTUP_S = 90  # a shared 2-core machine: importing torch + gradio and loading two models takes a while
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except (urllib.error.URLError, OSError):
-        return None
-
-
-def _start(cmd: list[str], port: int, log: Path) -> tuple[subprocess.Popen, str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", GRADIO_ANALYTICS_ENABLED="False")
-    fh = log.open("w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + STARTUP_S
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            fh.close()
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        if _status(base + "/api/health") == 200:
-            return proc, base
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"server not healthy after {STARTUP_S} s:\n{log.read_text()[-3000:]}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
 
 
 @pytest.fixture(scope="module")
@@ -76,16 +29,10 @@ def server(tiny_index_pair, tmp_path_factory):
         pytest.skip("needs Chromium at /usr/bin/chromium or on PATH (`make browser-deps` installs it)")
     pytest.importorskip("playwright.sync_api", reason="needs the playwright package (pip install -e '.[test]')")
     logs = tmp_path_factory.mktemp("server")
-    models = [f"bl={tiny_index_pair['bl']}", f"ltd={tiny_index_pair['ltd']}"]
-    model_args = [a for m in models for a in ("--model", m)]
-    port = _free_port()
-    proc, base = _start([sys.executable, "-m", "app.cli", "serve", *model_args, "--port", str(port)], port,
-                        logs / "serve.log")
-    if _status(base + "/ui/") != 200:
-        _stop(proc)
-        pytest.fail("`ltd serve` answers /api/health but does not serve the UI at /ui/")
-    yield base
-    _stop(proc)
+    with live.serving(live.model_args(tiny_index_pair), logs / "serve.log") as (_, base):
+        if live.status(base + "/ui/") != 200:
+            pytest.fail("`ltd serve` answers /api/health but does not serve the UI at /ui/")
+        yield base
 
 
 @pytest.fixture(scope="module")

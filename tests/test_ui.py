@@ -6,6 +6,8 @@ import json
 import re
 
 import matplotlib
+from pathlib import Path
+
 import pytest
 
 from app.service import SearchService
@@ -90,11 +92,40 @@ def test_image_search_by_dataset_id_marks_ground_truth_captions(svc, caption):
     assert re.sub(r"\d+ ms", "", same) == re.sub(r"\d+ ms", "", html)
 
 
-def test_image_search_by_upload(svc, tiny_index_pair, tmp_path, caption):
-    path = svc.image_path(caption["image_id"], "bl")
+@pytest.fixture
+def upload_dir():
+    """A folder inside Gradio's upload folder, where the browser's uploads land."""
+    import shutil
+    import uuid
+
+    from gradio.utils import get_upload_folder
+
+    d = Path(get_upload_folder()) / f"ltd-test-{uuid.uuid4().hex}"
+    d.mkdir(parents=True)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_image_search_by_upload(svc, tiny_index_pair, upload_dir, caption):
+    path = upload_dir / "photo.jpg"
+    path.write_bytes(svc.image_path(caption["image_id"], "bl").read_bytes())
     html = h.search_image(svc, "bl", None, str(path), 5, THUMBS)
     assert html.count('<li class="ltd-cap neutral"') == 5
     assert "uploaded image" in html and "data:image/jpeg;base64," in html  # a preview of the upload
+
+
+def test_only_files_uploaded_through_the_ui_are_read(svc, caption, upload_dir, tmp_path):
+    """A file path that did not come from the UI's upload folder is never opened: not a dataset image,
+    not /etc/passwd, not a device, not a link out of the folder, not a file over the size limit."""
+    outside = svc.image_path(caption["image_id"], "bl")
+    link = upload_dir / "link.jpg"
+    link.symlink_to(outside)
+    big = upload_dir / "big.png"
+    big.write_bytes(b"\x89PNG\r\n\x1a\n" + b"0" * 2048)
+    for p in (outside, "/etc/passwd", "/dev/zero", link, upload_dir):
+        html = h.search_image(svc, "bl", None, str(p), 5, THUMBS)
+        assert "only images uploaded through this page" in html, p
+    assert "exceeds the limit of 1,000 bytes" in h.search_image(svc, "bl", None, str(big), 5, THUMBS, max_bytes=1000)
 
 
 @pytest.mark.parametrize("image_id, upload, message", [
@@ -109,10 +140,10 @@ def test_image_search_bad_input_gives_a_message(svc, image_id, upload, message):
     assert "Traceback" not in html
 
 
-def test_bad_and_empty_uploads_give_a_message(svc, tmp_path):
-    bad = tmp_path / "not_an_image.jpg"
+def test_bad_and_empty_uploads_give_a_message(svc, upload_dir):
+    bad = upload_dir / "not_an_image.jpg"
     bad.write_bytes(b"this is not a JPEG" * 10)
-    empty = tmp_path / "empty.png"
+    empty = upload_dir / "empty.png"
     empty.write_bytes(b"")
     for p in (bad, empty):
         html = h.search_image(svc, "bl", None, str(p), 10, THUMBS)

@@ -38,7 +38,7 @@ def _thumbs(service: SearchService, thumbs: h.ThumbSrc | str | None) -> h.ThumbS
 
 
 def build_ui(service: SearchService, *, thumbs: h.ThumbSrc | str | None = None, title: str = "LTD retrieval",
-             embed_css: bool = True) -> gr.Blocks:
+             embed_css: bool = True, max_upload_bytes: int = h.MAX_UPLOAD_BYTES) -> gr.Blocks:
     """The UI over ``service``. ``thumbs``: how result images reach the browser: None → the REST route
     ``/api/images/{id}/thumbnail?size=…&model=…``; a format string with {id}, {size}, {model} → that
     URL; "inline" → data URIs (no REST API needed); or a callable (image_id, model, size) → src.
@@ -212,7 +212,7 @@ def build_ui(service: SearchService, *, thumbs: h.ThumbSrc | str | None = None, 
 
         # ---- Search: image → captions
         def run_image(model, image_id, upload, k):
-            return h.search_image(service, model, image_id, upload, k, src)
+            return h.search_image(service, model, image_id, upload, k, src, max_upload_bytes)
 
         def pick_image(ids, model, k, evt: gr.SelectData):
             if evt.index is None or not 0 <= evt.index < len(ids):
@@ -223,7 +223,7 @@ def build_ui(service: SearchService, *, thumbs: h.ThumbSrc | str | None = None, 
         def upload_image(model, upload, k):
             if not upload:
                 return gr.skip(), gr.skip()
-            return None, h.search_image(service, model, None, upload, k, src)
+            return None, h.search_image(service, model, None, upload, k, src, max_upload_bytes)
 
         def shuffle(model):
             return _picker(model, random.randrange(1 << 30))
@@ -264,7 +264,7 @@ def build_ui(service: SearchService, *, thumbs: h.ThumbSrc | str | None = None, 
             return c["text"], c, cmp_text(a, b, c["text"], c, k)
 
         def cmp_image(a, b, image_id, upload, k):
-            return h.compare_image(service, a, b, image_id, upload, k, src)
+            return h.compare_image(service, a, b, image_id, upload, k, src, max_upload_bytes)
 
         def cmp_pick(ids, a, b, k, evt: gr.SelectData):
             if evt.index is None or not 0 <= evt.index < len(ids):

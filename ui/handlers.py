@@ -16,6 +16,7 @@ import io
 import logging
 import os
 import random
+import stat
 import tempfile
 import threading
 from collections.abc import Callable
@@ -24,11 +25,12 @@ from typing import Any
 from urllib.parse import quote
 
 from app.service import NotReady, SearchResult, SearchService, ServiceError, decode_upload_check
+from training.fsio import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
 K_CHOICES = [5, 10, 20, 50]
-MAX_UPLOAD_BYTES = 20 * 1024 * 1024
+MAX_UPLOAD_BYTES = 10 * 1024 * 1024  # the REST API's default; build_ui passes the server's setting
 THUMB_URL = "/api/images/{id}/thumbnail?size={size}&model={model}"
 
 ThumbSrc = Callable[[int, "str | None", int], str]
@@ -105,10 +107,10 @@ def parse_id(value: Any, what: str) -> int | None:
 # ---- models ------------------------------------------------------------------------------------
 def loading_state(service: SearchService) -> str | None:
     """A notice while the service is not ready (or failed to load), None once it is."""
-    if service.ready.is_set():
-        return None
     if service.load_error:
         return notice(f"Loading the models failed: {service.load_error}", "error")
+    if service.ready.is_set():
+        return None
     return notice("Models are loading… the page updates by itself when they are ready.", "loading")
 
 
@@ -139,7 +141,12 @@ def header_html(service: SearchService) -> str:
         chips = "".join(f'<span class="ltd-chip ltd-chip-wait">{esc(n)} · loading…</span>' for n in service.names)
         return (f'<header class="ltd-header">{title}<p>image ↔ caption ranking inspector</p></div></div>'
                 f'<div class="ltd-chips">{chips}</div></header>{state}')
-    labels = [model_label(service, n) for n in service.names]
+    labels = [model_label(service, n) for n in service.names if n in service.entries]
+    down = "".join(f'<span class="ltd-chip ltd-chip-down" title="{esc(r)}"><span class="ltd-chip-name">{esc(n)}</span>'
+                   f'<span class="ltd-chip-kind">down</span>not loaded</span>' for n, r in service.failed.items())
+    if not labels:
+        return (f'<header class="ltd-header">{title}<p>image ↔ caption ranking inspector</p></div></div>'
+                f'<div class="ltd-chips">{down}</div></header>{loading_state(service) or ""}')
     first = labels[0]
     counts = first["counts"]
     sub = f"{esc(first['dataset'] or 'corpus')} · {esc(first['split'] or '')} split"
@@ -152,8 +159,10 @@ def header_html(service: SearchService) -> str:
         chips.append(f'<span class="ltd-chip ltd-m{i % 4}" title="{esc(lb["name"])}: {esc(lb["kind"])}{det}">'
                      f'<span class="ltd-chip-name">{esc(lb["name"])}</span>'
                      f'<span class="ltd-chip-kind">{esc(lb["kind"])}{det}</span>{rsum}</span>')
+    warn = notice("Not every model could be loaded: " + "; ".join(f"{n}: {r}" for n, r in service.failed.items()),
+                  "error") if service.failed else ""
     return (f'<header class="ltd-header">{title}<p>{sub}</p></div></div>'
-            f'<div class="ltd-chips">{"".join(chips)}</div></header>')
+            f'<div class="ltd-chips">{"".join(chips)}{down}</div></header>{warn}')
 
 
 def two_models(service: SearchService) -> tuple[str, str] | None:
@@ -195,15 +204,31 @@ def text_query(text: str | None, picked: dict | None) -> dict:
     return {"query": text}
 
 
-def image_query(image_id: Any, upload_path: str | None) -> dict:
+def read_upload(upload_path: str, max_bytes: int) -> bytes:
+    """The bytes of a file the browser uploaded through this UI. Gradio already refuses input paths
+    outside its upload folder (app.main marks the mounted Blocks as launched for that); this checks
+    again, and reads only regular files, never more than ``max_bytes`` (no device files, no FIFOs)."""
+    from gradio.utils import get_upload_folder
+
+    try:
+        p = Path(upload_path).resolve(strict=True)
+        st = p.stat()
+    except (OSError, RuntimeError):
+        raise ServiceError("the uploaded file is gone; upload it again") from None
+    if not p.is_relative_to(Path(get_upload_folder()).resolve()) or not stat.S_ISREG(st.st_mode):
+        raise ServiceError("only images uploaded through this page can be searched")
+    if st.st_size > max_bytes:
+        raise ServiceError(f"upload of {st.st_size:,} bytes exceeds the limit of {max_bytes:,} bytes")
+    with open(p, "rb") as f:
+        data = f.read(max_bytes + 1)
+    decode_upload_check(data, max_bytes)
+    return data
+
+
+def image_query(image_id: Any, upload_path: str | None, max_bytes: int = MAX_UPLOAD_BYTES) -> dict:
     """The query for the image inputs: an uploaded file wins over a dataset image id."""
     if upload_path:
-        p = Path(upload_path)
-        if not p.is_file():
-            raise ServiceError("the uploaded file is gone; upload it again")
-        data = p.read_bytes()
-        decode_upload_check(data, MAX_UPLOAD_BYTES)
-        return {"image_bytes": data}
+        return {"image_bytes": read_upload(upload_path, max_bytes)}
     iid = parse_id(image_id, "image id")
     if iid is None:
         raise ServiceError("Pick a dataset image (click one in the gallery or type its id), or upload an image.")
@@ -219,10 +244,7 @@ def thumb_file(service: SearchService, image_id: int, model: str | None, size: i
     digest = hashlib.sha1(data).hexdigest()[:16]
     path = THUMB_DIR / f"{int(image_id)}_{size}_{digest}.jpg"
     if not path.is_file():
-        THUMB_DIR.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        tmp.replace(path)
+        atomic_write_bytes(path, data, durable=False)  # a cache: rebuilt when lost
     return str(path)
 
 
@@ -409,9 +431,9 @@ def search_text(service: SearchService, model: str, text: str | None, picked: di
 
 @guarded
 def search_image(service: SearchService, model: str, image_id: Any, upload_path: str | None, k: Any,
-                 thumbs: ThumbSrc) -> str:
+                 thumbs: ThumbSrc, max_bytes: int = MAX_UPLOAD_BYTES) -> str:
     """Image → captions: a ranked list, ground-truth captions marked when the image is a dataset image."""
-    q = image_query(image_id, upload_path)
+    q = image_query(image_id, upload_path, max_bytes)
     res = service.search_image(model, k=parse_k(k), **q)
     return _result_html(query_html(service, model, res, thumbs, q.get("image_bytes")), res, "i2t",
                         caption_list_html(res, thumbs))
@@ -465,9 +487,9 @@ def compare_text(service: SearchService, a: str, b: str, text: str | None, picke
 
 
 def compare_image(service: SearchService, a: str, b: str, image_id: Any, upload_path: str | None, k: Any,
-                  thumbs: ThumbSrc) -> str:
+                  thumbs: ThumbSrc, max_bytes: int = MAX_UPLOAD_BYTES) -> str:
     try:
-        q = image_query(image_id, upload_path)
+        q = image_query(image_id, upload_path, max_bytes)
     except ServiceError as e:
         return notice(e.detail, "error")
     return compare(service, a, b, q, k, thumbs)

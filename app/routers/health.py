@@ -15,15 +15,14 @@ Service = Annotated[SearchService, Depends(get_service)]
 
 
 @router.get("/health", response_model=HealthResponse,
-            responses={503: {"model": HealthResponse, "description": "models are loading, or loading failed"}})
+            responses={503: {"model": HealthResponse, "description": "models are loading, or none could be loaded"}})
 async def health(svc: Service) -> JSONResponse:
-    """200 ``{"status": "ok"}`` once every model is loaded; 503 ``loading`` before, 503 ``error`` (with the
-    reason in ``detail``) when loading failed."""
+    """200 ``ok`` once every model is loaded, 200 ``degraded`` when some serve and others could not be
+    loaded (``down`` says which and why); 503 ``loading`` before, 503 ``error`` when none could be loaded."""
     status = svc.status
-    body = HealthResponse(status=status, models=svc.names, loaded=list(svc.entries) if status == "ok" else
-                          [n for n in svc.names if n in svc.entries],
-                          detail=svc.load_error, loaded_at=svc.loaded_at)
-    return JSONResponse(body.model_dump(), status_code=200 if status == "ok" else 503,
+    body = HealthResponse(status=status, models=svc.names, loaded=[n for n in svc.names if n in svc.entries],
+                          down=dict(svc.failed), detail=svc.load_error, loaded_at=svc.loaded_at)
+    return JSONResponse(body.model_dump(), status_code=200 if status in ("ok", "degraded") else 503,
                         headers={"Cache-Control": "no-store"})
 
 

@@ -91,6 +91,7 @@ async def get_caption(caption_id: Annotated[int, Path(ge=0, le=MAX_ID, descripti
 def examples(svc: Service, model: ModelQuery = None,  # type: ignore[assignment]
                    n: Annotated[int, Query(ge=1, le=100)] = 10,
                    seed: Annotated[int, Query(ge=0, le=2**32 - 1)] = 0) -> list[CaptionInfo]:
-    """``n`` dataset captions drawn at random (reproducible by ``seed``): example queries for UIs."""
-    name = model or svc.names[0]
+    """``n`` dataset captions drawn at random (reproducible by ``seed``): example queries for UIs. Without
+    ``model``, from the first model whose index has ground truth (a dataset split, not a corpus)."""
+    name = model or svc.default_name_with_ground_truth
     return [_caption_info(svc, name, c["id"]) for c in svc.sample_captions(name, n, seed)]

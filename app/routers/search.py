@@ -100,11 +100,14 @@ def _media_type(request: Request) -> str:
 
 
 async def _json_body(request: Request) -> object:
+    """The parsed JSON body; undecodable, too deeply nested or out-of-range JSON is a 422, not a 500."""
     try:
         return json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": f"JSON decode error: {e}"}],
-                                     body=None) from None
+    except RecursionError:
+        msg = "JSON decode error: nested too deeply"
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer over Python's digit limit
+        msg = f"JSON decode error: {str(e)[:200]}"
+    raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": msg}], body=None)
 
 
 async def _upload_form(request: Request, settings: Settings, fields: set[str]) -> tuple[bytes, dict]:
@@ -173,7 +176,7 @@ def search_text(req: TextSearchRequest, svc: Service) -> Response:
     """Text → images: ``{"query": "a dog on grass", "model": "ltd", "k": 10}``, or ``caption_id`` for a
     dataset caption (then each hit says whether it is the caption's own image, and ``metrics`` has the
     rank of that image, P@k and nDCG@k)."""
-    name = req.model or svc.names[0]
+    name = req.model or svc.default_name
     r = svc.search_text(name, query=req.query, caption_id=req.caption_id, k=req.k)
     return json_model(text_answer(r, req.k))
 
@@ -184,7 +187,7 @@ def search_image(q: Annotated[ImageQuery, Depends(image_query)], svc: Service) -
     """Image → captions. JSON ``{"image_id": 42, "model": "bl", "k": 10}`` for a dataset image (ground
     truth and metrics attached), or multipart/form-data with ``file`` (≤ 10 MB; JPEG, PNG, WebP, BMP,
     GIF or TIFF) and optional ``model`` and ``k`` fields."""
-    name = q.model or svc.names[0]
+    name = q.model or svc.default_name
     r = svc.search_image(name, image_id=q.image_id, image_bytes=q.data, k=q.k)
     return json_model(image_answer(r, q.k))
 

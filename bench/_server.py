@@ -1,0 +1,96 @@
+"""A real `ltd serve` in a subprocess: for benchmarks and for tests that must go through the live
+server (browser, attacks on the mounted Gradio routes, memory of the running process)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STARTUP_S = 90  # a shared 2-core machine: importing torch + gradio and loading two models takes a while
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def status(url: str, headers: dict | None = None) -> int | None:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def start(args: list[str], log: Path, *, env: dict | None = None, ready_path: str = "/api/health",
+          ready_status: int = 200, timeout: float = STARTUP_S) -> tuple[subprocess.Popen, str]:
+    """Start `ltd serve ARGS --port P` (its own process group) and wait until ``ready_path`` answers
+    ``ready_status``; fails fast when the server exits or reports that no model could be loaded."""
+    port = free_port()
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", GRADIO_ANALYTICS_ENABLED="False", **(env or {}))
+    fh = log.open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", *args, "--port", str(port)], cwd=ROOT,
+                            stdout=fh, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            fh.close()
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        if status(base + ready_path) == ready_status:
+            return proc, base
+        time.sleep(0.3)
+    stop(proc)
+    raise RuntimeError(f"server not ready after {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGINT to the server's process group (uvicorn's clean shutdown), SIGKILL if it lingers."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=15)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+
+
+def get_json(url: str, timeout: float = 5.0) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+@contextlib.contextmanager
+def serving(args: list[str], log: Path, **kw) -> Iterator[tuple[subprocess.Popen, str]]:
+    proc, base = start(args, log, **kw)
+    try:
+        yield proc, base
+    finally:
+        stop(proc)
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process, from /proc (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def model_args(pair: dict) -> list[str]:
+    return ["--model", f"bl={pair['bl']}", "--model", f"ltd={pair['ltd']}"]
