@@ -68,14 +68,14 @@ def ensure_evaluated(ix: IndexDir, *, relevance: str | None = "rougeL", show_pro
     from indexer.evaluate import evaluate_index, write_report
 
     p = ix.path / "report.json"
-    if p.is_file():
+    if p.is_file() and (ix.path / "per_query.npz").is_file():
         rep = json.loads(p.read_text())
         meta = rep.get("meta", {})
         if meta.get("checkpoint_sha256") == ix.manifest.get("checkpoint_sha256") and meta.get("relevance") == (
                 "rougeL" if relevance and relevance.lower().startswith("rouge") else relevance):
             return rep
-    rep = evaluate_index(ix, relevance=relevance, show_progress=show_progress)
-    write_report(ix, rep)
+    rep = evaluate_index(ix, relevance=relevance, show_progress=show_progress, per_query=True)
+    write_report(ix, rep)  # moves the per-query arrays to per_query.npz
     return rep
 
 
