@@ -16,6 +16,12 @@ Grid file (YAML)::
         set: [loss.mode=constraint]
         sweep: {loss.eta: [0.1, 0.15, 0.2]}   # chosen on val rsum (mean over the sweep seeds)
         sweep_seeds: [0]                        # seeds used for the sweep (default: the first seed)
+      - name: replayed
+        set: [loss.mode=replay, "loss.lambda_schedule={out}/runs/ltd_constraint@eta=0.15/seed{seed}"]
+    compare: [[ltd_constraint, replayed]]   # extra pairs (every cell is compared with the first)
+
+``{seed}`` and ``{out}`` in a cell's overrides become the run's seed and the grid's output folder
+(a replay cell reads the λ schedule of the same seed's constraint run, which an earlier cell trains).
 
 A sweep first trains every value with ``sweep_seeds`` and evaluates on val; the best value is then
 trained with all ``seeds`` and reported on ``eval_split``. The test split is never used to choose.
@@ -34,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from app.experiment_stats import paired_statistics, render_paired, seed_matched
 from training.config import ConfigError, load_config
 
 log = logging.getLogger("ltd.experiment")
@@ -68,6 +75,7 @@ class Grid:
     cells: list[dict]
     relevance: str | None = "rougeL"
     raw: dict = field(default_factory=dict)
+    compare: list[list[str]] = field(default_factory=list)
 
 
 def load_grid(path: str | Path, extra_set: list[str] | None = None) -> Grid:
@@ -80,7 +88,7 @@ def load_grid(path: str | Path, extra_set: list[str] | None = None) -> Grid:
         g = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {e}") from None
-    known = {"name", "base", "set", "seeds", "eval_split", "eval_shortcuts", "cells", "relevance"}
+    known = {"name", "base", "set", "seeds", "eval_split", "eval_shortcuts", "cells", "relevance", "compare"}
     unknown = set(g) - known
     if unknown:
         raise ConfigError(f"{path}: unknown grid keys {sorted(unknown)}; valid: {sorted(known)}")
@@ -95,10 +103,14 @@ def load_grid(path: str | Path, extra_set: list[str] | None = None) -> Grid:
             raise ConfigError(f"{path}: cell {c['name']}: unknown keys {sorted(extra)}")
         if c.get("sweep") and len(c["sweep"]) != 1:
             raise ConfigError(f"{path}: cell {c['name']}: sweep one parameter at a time")
+    for pair in g.get("compare", []):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(p in names for p in pair)):
+            raise ConfigError(f"{path}: compare entries are [reference, cell] pairs of cell names, got {pair!r}")
     grid = Grid(name=g.get("name", path.stem), base=g.get("base", "synthetic_baseline"), common=list(g.get("set", [])) + list(extra_set or []),
                 seeds=[int(s) for s in g.get("seeds", [0])], eval_split=g.get("eval_split", "test"),
                 eval_shortcuts=list(g.get("eval_shortcuts", ["none"])), cells=g["cells"],
-                relevance=g.get("relevance", "rougeL"), raw={**g, "set": list(g.get("set", [])) + list(extra_set or [])})
+                relevance=g.get("relevance", "rougeL"), raw={**g, "set": list(g.get("set", [])) + list(extra_set or [])},
+                compare=[list(p) for p in g.get("compare", [])])
     for c in grid.cells:  # validate every cell's config up front: fail before hours of training
         for v in (list(c["sweep"].values())[0] if c.get("sweep") else [None]):
             load_config(grid.base, grid.common + list(c.get("set", [])) +
@@ -121,7 +133,7 @@ def _run_job(job: Job) -> dict:
     ds = resolve_dataset_path(cfg.data.path, cache_dir=cfg.data.cache_dir, synthetic_images=cfg.data.synthetic_images,
                               synthetic_seed=cfg.data.synthetic_seed, show_progress=False)
     out = {"cell": job.cell, "seed": job.seed, "label": job.label, "sweep_value": job.sweep_value,
-           "run_dir": job.run_dir, "reports": {}}
+           "run_dir": job.run_dir, "index_root": job.index_root, "reports": {}}
     for split in job.eval_splits:
         for sc in job.eval_shortcuts:
             if sc != "none" and cfg.data.shortcuts == "none":
@@ -185,6 +197,7 @@ def run_grid(grid: Grid, out: Path, n_jobs: int = 1) -> dict:
     val_split = base_cfg.data.val_split
 
     def job(cell: str, seed: int, sets: list[str], label: str, value=None) -> Job:
+        sets = [x.replace("{seed}", str(seed)).replace("{out}", str(out)) for x in sets]
         return Job(cell=cell, seed=seed, overrides=grid.common + sets + [f"train.seed={seed}", f"train.name={label}"],
                    run_dir=str(out / "runs" / label / f"seed{seed}"), index_root=str(out / "indexes" / label / f"seed{seed}"),
                    eval_splits=[val_split, grid.eval_split], eval_shortcuts=grid.eval_shortcuts,
@@ -232,8 +245,9 @@ def run_grid(grid: Grid, out: Path, n_jobs: int = 1) -> dict:
                                   for k in REPORT_KEYS if all(k in r["reports"][t] for r in rs)} for t in tags}
     results = {"name": grid.name, "base": grid.base, "common": grid.common, "seeds": grid.seeds,
                "eval_split": grid.eval_split, "val_split": val_split, "selection": selection,
-               "sweep_runs": sweep_results, "runs": main_results, "summary": summary,
+               "sweep_runs": sweep_results, "runs": main_results, "summary": summary, "compare": grid.compare,
                "machine": machine_description(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+    results["paired"] = paired_statistics(results, [grid.eval_split])
     from training.fsio import write_json_atomic
     write_json_atomic(out / "results.json", results, indent=2, default=str)
     (out / "results.md").write_text(render_results(results))
@@ -265,37 +279,12 @@ def paired_differences(results: dict, tag: str, key: str = "rsum") -> dict[str, 
     and how many seeds the cell is ahead. Seed-matched differences cancel what seeds share (feature
     cache, data order), so they say more than comparing two means with overlapping spreads."""
     cells = list(results["summary"])
-    if len(cells) < 2:
-        return {}
-    def by_seed(cell: str) -> dict[int, float]:
-        return {r["seed"]: r["reports"][tag][key] for r in results["runs"]
-                if r["cell"] == cell and key in r["reports"].get(tag, {})}
-    ref = by_seed(cells[0])
     out = {}
     for cell in cells[1:]:
-        mine = by_seed(cell)
-        seeds = sorted(set(ref) & set(mine))
-        if len(seeds) < 2:
-            continue
-        d = [mine[s] - ref[s] for s in seeds]
-        out[cell] = {**_stats(d), "seeds": seeds, "ahead": int(sum(x > 0 for x in d))}
+        d = seed_matched(results, tag, cells[0], cell, key)
+        if d is not None:
+            out[cell] = d
     return out
-
-
-def _paired_lines(results: dict, tags: list[str]) -> list[str]:
-    ref = next(iter(results["summary"]), "")
-    rows = []
-    for tag in tags:
-        rsum, ndcg = paired_differences(results, tag), paired_differences(results, tag, "t2i_nDCG@25_rougeL")
-        for cell, d in rsum.items():
-            n = ndcg.get(cell)
-            rows.append(f"| {tag} | {cell} | {d['mean']:+.1f} ± {d['std']:.1f} | {d['ahead']}/{d['n']} | "
-                        + (f"{n['mean']:+.4f} ± {n['std']:.4f} | {n['ahead']}/{n['n']} |" if n else "– | – |"))
-    if not rows:
-        return []
-    return [f"## Paired with `{ref}` (same seeds)", "",
-            "| split | cell | Δ rsum (mean ± std) | seeds ahead | Δ t2i nDCG | seeds ahead |",
-            "|---|---|---:|---:|---:|---:|", *rows, ""]
 
 
 def render_results(results: dict) -> str:
@@ -321,7 +310,7 @@ def render_results(results: dict) -> str:
             lines.append(f"| {cell} | " + " | ".join(_fmt(m.get(k)) for k in REPORT_KEYS[:8]) + " | "
                          + _fmt(m.get("t2i_nDCG@25_rougeL"), 4) + " |")
         lines.append("")
-    lines += _paired_lines(results, tags)
+    lines += render_paired(results["paired"] if "paired" in results else paired_statistics(results, tags))
     timed = [r for r in results["runs"] if r.get("train_s")]
     if timed:
         lines += ["## Training time", "", "| cell | seconds per run (sum of epoch times, mean) | runs |", "|---|---:|---:|"]

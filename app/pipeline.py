@@ -66,16 +66,16 @@ def ensure_indexed(checkpoint: Path, dataset: str | Path, split: str, index_dir:
 def ensure_evaluated(ix: IndexDir, *, relevance: str | None = "rougeL", show_progress: bool = True) -> dict:
     from indexer.evaluate import evaluate_index, write_report
 
-    from indexer.evaluate import load_report
+    from indexer.evaluate import load_report, per_query_path
 
     rep = load_report(ix.path, ix.generation)
-    if rep is not None:
+    if rep is not None and per_query_path(ix).is_file():
         meta = rep.get("meta", {})
         if meta.get("checkpoint_sha256") == ix.manifest.get("checkpoint_sha256") and meta.get("relevance") == (
                 "rougeL" if relevance and relevance.lower().startswith("rouge") else relevance):
             return rep
-    rep = evaluate_index(ix, relevance=relevance, show_progress=show_progress)
-    write_report(ix, rep)
+    rep = evaluate_index(ix, relevance=relevance, show_progress=show_progress, per_query=True)
+    write_report(ix, rep)  # moves the per-query arrays to per_query.gNNNN.npz
     return rep
 
 

@@ -44,7 +44,7 @@ def load_model(checkpoint: str | Path, device: str = "cpu") -> LoadedModel:
     lc = cfg.loss
     meta = {"train_name": cfg.train.name, "similarity": model.similarity, "embed_dim": cfg.model.embed_dim,
             "loss": {"contrastive": lc.contrastive, "mode": lc.mode, "decoder": lc.decoder if lc.mode != "none" else None,
-                     "eta": lc.eta if lc.mode == "constraint" else None, "beta": lc.beta if lc.mode == "dual" else None},
+                     "eta": lc.eta if lc.mode in ("constraint", "replay") else None, "beta": lc.beta if lc.mode == "dual" else None},
             "backbone": cfg.model.backbone, "image_features": cfg.model.image_features, "epoch": ckpt.get("epoch"),
             "best_val_rsum": (ckpt.get("best") or {}).get("rsum")}
     return LoadedModel(model, cfg, checkpoint, sha256_file(checkpoint), meta)

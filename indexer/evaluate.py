@@ -12,12 +12,14 @@ from pathlib import Path
 
 import numpy as np
 
-from indexer.index import IndexDir, IndexDirError
-from indexer.metrics import retrieval_metrics
+from indexer.index import IndexDir, IndexDirError, read_manifest
+from indexer.metrics import _report, _summarise, retrieval_query_metrics
 from indexer.relevance import cxc_positives, file_relevance, rouge_relevance
-from training.fsio import atomic_write_text, write_json_atomic
+from training.fsio import atomic_path, atomic_write_text, write_json_atomic
 
 log = logging.getLogger(__name__)
+
+PER_QUERY = "per_query"
 
 
 def ground_truth(ix: IndexDir) -> tuple[np.ndarray, np.ndarray]:
@@ -41,7 +43,9 @@ def index_recall(ix: IndexDir, k: int = 10, n_queries: int = 1000) -> float:
 
 
 def evaluate_index(ix: IndexDir, *, relevance: str | None = "rougeL", cxc: bool = False, ndcg_k: int = 25,
-                   show_progress: bool = True) -> dict:
+                   show_progress: bool = True, per_query: bool = False) -> dict:
+    """The report of an index; ``per_query`` adds the per-query arrays under ``report["per_query"]``
+    (ranks and nDCG, in query order; ``write_report`` moves them to ``per_query.gNNNN.npz``)."""
     t0 = time.time()
     c2i, mask = ground_truth(ix)
     sims = similarities(ix)[:, mask]
@@ -62,8 +66,10 @@ def evaluate_index(ix: IndexDir, *, relevance: str | None = "rougeL", cxc: bool 
         remap[keep] = np.arange(len(keep))
         i2t_extra = [remap[e][remap[e] >= 0] for e in i2t_all]
         t2i_extra = [t2i_all[j] for j in keep]
-    m = retrieval_metrics(sims, c2i, i2t_positives=i2t_extra, t2i_positives=t2i_extra, relevance=rel,
-                          relevance_name=rel_name or "rougeL", ndcg_k=ndcg_k)
+    i2t, t2i = retrieval_query_metrics(sims, c2i, i2t_positives=i2t_extra, t2i_positives=t2i_extra, relevance=rel,
+                                       ndcg_k=ndcg_k)
+    name = rel_name or "rougeL"
+    m = _report(_summarise("i2t", i2t, ndcg_k, name), _summarise("t2i", t2i, ndcg_k, name), *sims.shape)
     report = {k: (round(float(v), 4) if isinstance(v, (float, np.floating)) else v) for k, v in m.items()}
     mf = ix.manifest
     report["meta"] = {"index": str(ix.path), "index_generation": ix.generation, "name": ix.name,
@@ -74,6 +80,10 @@ def evaluate_index(ix: IndexDir, *, relevance: str | None = "rougeL", cxc: bool 
                       "relevance": rel_name, "ndcg_k": ndcg_k, "seconds": round(time.time() - t0, 2)}
     if mf.get("factory", "Flat") != "Flat":
         report["meta"]["index_recall@10"] = round(index_recall(ix), 4)
+    if per_query:  # written by write_report as per_query.gNNNN.npz (the paired bootstrap's input)
+        report[PER_QUERY] = {"i2t_first_rank": i2t["first_rank"], "t2i_first_rank": t2i["first_rank"],
+                             **({"t2i_ndcg": t2i[f"ndcg@{ndcg_k}"], "i2t_ndcg": i2t[f"ndcg@{ndcg_k}"]}
+                                if rel is not None else {})}
     return report
 
 
@@ -108,9 +118,28 @@ def render_markdown(report: dict) -> str:
 
 
 def write_report(ix: IndexDir, report: dict) -> tuple[Path, Path]:
+    per_query = report.pop(PER_QUERY, None)
+    if per_query is not None:  # before report.json, which marks the evaluation as done
+        with atomic_path(per_query_path(ix)) as tmp, open(tmp, "wb") as f:
+            np.savez(f, **{k: np.asarray(v) for k, v in per_query.items()})
     jp = write_json_atomic(ix.path / "report.json", report, indent=2)
     mp = atomic_write_text(ix.path / "report.md", render_markdown(report))
     return jp, mp
+
+
+def per_query_path(ix: IndexDir) -> Path:
+    return ix.derived_path(PER_QUERY, "npz")
+
+
+def load_per_query(index_dir: str | Path) -> dict[str, np.ndarray] | None:
+    """The per-query arrays ``write_report`` saved for the index's current generation, or None (no
+    pickles are loaded)."""
+    gen = int(read_manifest(index_dir).get("generation", 0))
+    p = Path(index_dir) / f"{PER_QUERY}.g{gen:04d}.npz"
+    if not p.is_file():
+        return None
+    with np.load(p, allow_pickle=False) as z:
+        return {k: np.asarray(z[k]) for k in z.files}
 
 
 def load_report(index_dir: str | Path, generation: int | None = None) -> dict | None:

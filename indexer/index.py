@@ -8,6 +8,7 @@ Layout (format 2)::
     captions.g0003.faiss .npy .json  embeddings, ids/texts/file names/ground-truth links)
     report.json, report.md           `ltd eval`, tagged with the generation they describe
     relevance_rougeL.g0003.npy       generation 3's cached nDCG relevance
+    per_query.g0003.npz              generation 3's per-query ranks and nDCG (`ltd eval`; paired statistics)
 
 Writing generation g + 1 (a build, an overwrite or an append): first remove what killed writers
 left (stale temporaries, data files that no manifest names), then write the new data files under
@@ -39,7 +40,7 @@ FORMAT_VERSION = 2
 MODALITIES = ("images", "captions")
 KINDS = ("faiss", "npy", "json")
 _DATA_RE = re.compile(r"^(images|captions)\.g(\d+)\.(faiss|npy|json)$")
-_DERIVED_RE = re.compile(r"^relevance_\w+\.g(\d+)\.npy$")
+_DERIVED_RE = re.compile(r"^(?:relevance_\w+|per_query)\.g(\d+)\.(?:npy|npz)$")
 # Files of format 1 (fixed names, no hashes); removed when such a directory is rebuilt.
 _LEGACY = {f"{m}.{k}" for m in MODALITIES for k in KINDS} | {"relevance_rougeL.npy"}
 _REPORTS = ("report.json", "report.md")
@@ -77,9 +78,9 @@ class IndexDir:
     def generation(self) -> int:
         return int(self.manifest.get("generation", 0))
 
-    def derived_path(self, stem: str) -> Path:
-        """Where a cache derived from this generation's data lives (e.g. ``relevance_rougeL``)."""
-        return self.path / f"{stem}.g{self.generation:04d}.npy"
+    def derived_path(self, stem: str, ext: str = "npy") -> Path:
+        """Where a file derived from this generation's data lives (``relevance_rougeL``, ``per_query``)."""
+        return self.path / f"{stem}.g{self.generation:04d}.{ext}"
 
 
 # ---- manifest -------------------------------------------------------------------------------------

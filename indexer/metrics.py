@@ -344,6 +344,23 @@ def retrieval_metrics(
     i2t R@k counts a hit when the best-ranked of the image's positives is within the top k; medr
     is floor(median rank), the VSE++/SCAN convention. chunk: query rows per chunk (default: auto).
     """
+    i2t, t2i = retrieval_query_metrics(sims, caption_to_image, i2t_positives=i2t_positives,
+                                       t2i_positives=t2i_positives, relevance=relevance, ndcg_k=ndcg_k, chunk=chunk)
+    i2t_report = _summarise("i2t", i2t, ndcg_k, relevance_name)
+    return _report(i2t_report, _summarise("t2i", t2i, ndcg_k, relevance_name), *np.shape(sims))
+
+
+def retrieval_query_metrics(
+    sims: np.ndarray,
+    caption_to_image: np.ndarray,
+    *,
+    i2t_positives: Sequence[np.ndarray] | None = None,
+    t2i_positives: Sequence[np.ndarray] | None = None,
+    relevance: np.ndarray | None = None,
+    ndcg_k: int = 25,
+    chunk: int | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The per-query arrays (:func:`query_metrics`' keys) behind :func:`retrieval_metrics`: (i2t, t2i)."""
     sims = np.asarray(sims)
     c2i = np.asarray(caption_to_image, dtype=np.int64)
     relevance = None if relevance is None else np.asarray(relevance)
@@ -358,8 +375,7 @@ def retrieval_metrics(
     )
     rows, items = _extra(caps, c2i, t2i_positives, n_cap)
     t2i = _metrics_from_keys(sims.T, _positive_keys(rows, items, n_img), relevance=relevance, **kw)
-    i2t_report = _summarise("i2t", i2t, ndcg_k, relevance_name)
-    return _report(i2t_report, _summarise("t2i", t2i, ndcg_k, relevance_name), n_img, n_cap)
+    return i2t, t2i
 
 
 def reference_query_metrics(

@@ -539,7 +539,7 @@ def test_lambda_update_ignores_the_grad_scaler():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"mode": "lagrange"}, r"mode must be one of \('none', 'dual', 'constraint'\)"),
+        ({"mode": "lagrange"}, r"mode must be one of \('none', 'dual', 'constraint', 'replay'\)"),
         ({"mode": "constraint", "eta": 0.0}, "eta"),
         ({"mode": "constraint", "eta": -1.0}, "eta"),
         ({"mode": "dual", "beta": -0.1}, "beta"),

@@ -74,8 +74,9 @@ class LossConfig:
     tau: float = 0.05
     margin: float = 0.2
     ifm_epsilon: float = 0.1
-    mode: str = "none"  # none | dual | constraint
+    mode: str = "none"  # none | dual | constraint | replay (constraint with a fixed, logged λ(t): lambda_schedule)
     decoder: str = "ltd"  # ltd (latent target) | itd (input tokens)
+    itd_reduction: str = "mean"  # itd: mean token NLL, or sum over each caption's tokens (the paper's), mean over captions
     beta: float = 1.0  # dual: L_con + beta * L_rec
     eta: float = 0.2  # constraint: L_con + lambda * (L_rec / eta - 1)
     lambda_init: float = 1.0
@@ -83,7 +84,8 @@ class LossConfig:
     lambda_momentum: float = 0.9
     lambda_dampening: float = 0.9
     lambda_max: float = 100.0
-    target_model: str = ""  # sentence-transformers folder for LTD targets ("" = packaged all-MiniLM-L6-v2)
+    lambda_schedule: str = ""  # replay: a finished constraint run's folder (or its lambda_trace.npz)
+    target_model: str = ""  # LTD targets: "" = packaged all-MiniLM-L6-v2, "all-mpnet-base-v2" (extra [mpnet]) or a folder
     curriculum_patience: int = 0  # sh→mh: switch to max-of-hinges after this many epochs without val gain
 
 
@@ -134,8 +136,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.text_encoder": ("gru", "sbert"),
     "model.crops": ("1", "2", "10"),
     "loss.contrastive": ("infonce", "triplet", "ifm", "sh", "mh", "order", "sh_mh"),
-    "loss.mode": ("none", "dual", "constraint"),
+    "loss.mode": ("none", "dual", "constraint", "replay"),
     "loss.decoder": ("ltd", "itd"),
+    "loss.itd_reduction": ("mean", "sum"),
     "optim.optimizer": ("adam", "adamw"),
     "optim.schedule": ("cosine", "constant"),
     "train.device": ("auto", "cpu", "cuda"),
@@ -285,6 +288,8 @@ def validate(cfg: Config) -> None:
         if not ok:
             sec, name = key.split(".")
             raise ConfigError(f"{key}={getattr(getattr(cfg, sec), name)!r} {msg}")
+    if cfg.loss.mode == "replay" and not cfg.loss.lambda_schedule:
+        raise ConfigError("loss.mode=replay needs loss.lambda_schedule (a finished constraint run's folder)")
     if cfg.model.backbone == "precomputed" and not cfg.model.precomputed_path:
         raise ConfigError("model.backbone=precomputed needs model.precomputed_path")
     if cfg.model.backbone == "precomputed" and not cfg.model.freeze_backbone:

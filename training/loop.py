@@ -22,7 +22,8 @@ from tqdm.auto import tqdm
 
 from training.checkpoint import load_checkpoint, model_state, rng_state, save_checkpoint, versions
 from training.config import Config, dump_config
-from training.losses import (LossCombiner, build_contrastive_loss, cosine_reconstruction_loss, token_nll_loss)
+from training.losses import build_contrastive_loss, cosine_reconstruction_loss, token_nll_loss
+from training.losses.lambda_trace import build_combiner, write_lambda_trace
 from training.models.decoders import InputTokenDecoder
 from training.models.dual_encoder import DualEncoder, build_model
 from training.models.text_encoder import move_batch
@@ -150,9 +151,6 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
         model.text.remember(data.train_texts, torch.from_numpy(emb))
     contrastive_name = "sh" if lc.contrastive == "sh_mh" else lc.contrastive
     contrastive = build_contrastive_loss(contrastive_name, tau=lc.tau, margin=lc.margin, epsilon=lc.ifm_epsilon)
-    combiner = LossCombiner(lc.mode, beta=lc.beta, eta=lc.eta, lambda_init=lc.lambda_init, lambda_lr=lc.lambda_lr,
-                            lambda_momentum=lc.lambda_momentum, lambda_dampening=lc.lambda_dampening,
-                            lambda_max=lc.lambda_max)
     backbone_params = list(model.image.backbone.parameters()) if model.image.backbone is not None else []
     bb_ids = {id(p) for p in backbone_params}
     other = [p for p in model.parameters() if id(p) not in bb_ids]
@@ -167,6 +165,7 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
         raise ValueError(f"train split has {len(data.train_texts)} captions: fewer than 2, nothing to train on")
     steps_per_epoch = len(batches0)
     total_steps = steps_per_epoch * tc.epochs
+    combiner = build_combiner(lc, total_steps)  # replay: reads and checks the logged λ schedule
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(oc.warmup_steps, total_steps, oc.schedule, oc.min_lr_ratio))
     use_amp = device.type == "cuda" and tc.amp
@@ -205,6 +204,11 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
                 if hasattr(model.text, "embed") else cfg.model.word_dim, "backbone_in_state": trained,
                 "backbone_trained": trained, "feature_key": data.feature_key, "dataset": {
                     "name": data.dataset.name, "json": str(data.dataset.json_path)}}
+
+    def save_trace() -> None:
+        """λ of every step so far, next to the checkpoint (a replay run's source)."""
+        if lc.mode in ("constraint", "replay"):
+            write_lambda_trace(run_dir, combiner.lambda_trace, lc.eta)
 
     def run_validation(weights: DualEncoder, ep: int) -> dict:
         if validate is None:
@@ -270,7 +274,7 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
                     inp, tgt = InputTokenDecoder.teacher_forcing(ids, data.vocab.bos_id, data.vocab.eos_id,
                                                                  cfg.data.max_caption_len)
                     logits = model.decoder(txt_emb, {"itd_in": inp.to(device)})
-                    l_rec = token_nll_loss(logits.float(), tgt.to(device))
+                    l_rec = token_nll_loss(logits.float(), tgt.to(device), reduction=lc.itd_reduction)
                 out = combiner(con["loss"], l_rec)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(out["loss"]).backward()
@@ -295,11 +299,12 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
                        "contrastive": contrastive_name}
                 if l_rec is not None:
                     row["l_rec"] = float(l_rec.detach())
-                if lc.mode == "constraint":
+                if "lambda" in out:
                     row["lambda"], row["gap"] = float(out["lambda"]), float(out["gap"])
                 mlog.write(**row)
             if tc.checkpoint_every and global_step % tc.checkpoint_every == 0 and s < len(batches) - 1:
                 save_checkpoint(ckpt_path, payload(epoch, s + 1, model))
+                save_trace()
             bar.update(1)
             bar.set_postfix(loss=f"{float(out['loss'].detach()):.3f}", **({"lam": f"{float(out['lambda']):.2f}"}
                                                                     if "lambda" in out else {}))
@@ -325,6 +330,7 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
             contrastive = build_contrastive_loss("mh", tau=lc.tau, margin=lc.margin, epsilon=lc.ifm_epsilon)
             log.info("curriculum: val stopped improving, switching sum-of-hinges → max-of-hinges")
         save_checkpoint(ckpt_path, payload(epoch + 1, 0, model))
+        save_trace()
         log.info("epoch %d/%d: %.1fs, loss %.4f, val rsum %.1f%s", epoch + 1, tc.epochs, secs,
                  sums["loss"] / max(1, n_steps), rsum, " (best)" if improved else "")
     return RunResult(run_dir=run_dir, best_rsum=best["rsum"], best_epoch=best["epoch"], epochs=tc.epochs,

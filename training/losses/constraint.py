@@ -3,6 +3,13 @@
     none        loss = L_con                                   (L_rec, if given, is only reported)
     dual        loss = L_con + β · L_rec
     constraint  loss = L_con + λ · (L_rec / η − 1)
+    replay      loss = L_con + λ_t · (L_rec / η − 1), λ_t read from a given schedule (no ascent)
+
+``replay`` is a control for ``constraint``: it applies the multipliers a constraint run logged, step
+by step, as a fixed schedule, so the model sees the same (large, growing) weights λ_t/η on L_rec
+without the feedback that made them. Both modes record the λ they applied at every step
+(:attr:`LossCombiner.lambda_trace`), which rides along in the state dict so that a resumed run
+keeps a complete trace; :mod:`.lambda_trace` writes it next to the run.
 
 ``constraint`` is the LTD paper's choice: instead of a fixed weight β, it asks for
 ``L_rec <= η`` and lets a Lagrange multiplier λ ≥ 0 find the weight. The Lagrangian is
@@ -41,15 +48,17 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn as nn
 from torch import Tensor
 
 logger = logging.getLogger(__name__)
 
-COMBINE_MODES = ("none", "dual", "constraint")
+COMBINE_MODES = ("none", "dual", "constraint", "replay")
 
 
 class LossCombiner(nn.Module):
@@ -76,6 +85,7 @@ class LossCombiner(nn.Module):
         lambda_momentum: float = 0.9,
         lambda_dampening: float = 0.9,
         lambda_max: float = 100.0,
+        schedule: Sequence[float] | np.ndarray | None = None,
     ) -> None:
         super().__init__()
         if mode not in COMBINE_MODES:
@@ -102,6 +112,15 @@ class LossCombiner(nn.Module):
         self.eta = float(eta)
         self.lambda_max = float(lambda_max)
         self.lambda_optimizer: torch.optim.SGD | None = None
+        self.schedule: Tensor | None = None
+        self._trace: list[float] = []  # λ applied at each step (constraint and replay)
+        if mode == "replay":
+            if schedule is None or len(schedule) == 0:
+                raise ValueError("mode='replay' needs a non-empty schedule of λ values, one per step")
+            sched = torch.as_tensor(np.asarray(schedule, dtype=np.float32))
+            if sched.dim() != 1 or not bool(torch.isfinite(sched).all()) or bool((sched < 0).any()):
+                raise ValueError("the λ schedule must be a 1-D sequence of finite values >= 0")
+            self.schedule = sched
         if mode == "constraint":
             # float32 whatever the model's dtype: λ's update must not lose precision.
             self.multiplier = nn.Parameter(torch.tensor(float(lambda_init), dtype=torch.float32))
@@ -128,7 +147,7 @@ class LossCombiner(nn.Module):
             out["loss"] = l_con + self.beta * l_rec
         else:
             gap = l_rec.float() / self.eta - 1.0
-            lam = self.multiplier.detach().clone()  # a constant for the model's gradient
+            lam = self._applied_lambda().to(gap.device)  # a constant for the model's gradient
             out["loss"] = l_con + lam * gap
             out["lambda"] = lam
             out["gap"] = gap.detach()
@@ -137,12 +156,25 @@ class LossCombiner(nn.Module):
             out["l_rec"] = l_rec.detach()
         return out
 
+    def _applied_lambda(self) -> Tensor:
+        """The λ of the current step: the multiplier (constraint) or the schedule's entry (replay)."""
+        if self.schedule is None:
+            return self.multiplier.detach().clone()
+        t = len(self._trace)
+        if t >= len(self.schedule):
+            raise RuntimeError(f"the replayed λ schedule has {len(self.schedule)} steps; step {t + 1} needs more "
+                               "(the source run was shorter than this one)")
+        return self.schedule[t].clone()
+
     # -- update: the multiplier's ascent step ----------------------------------------------
     def update(self, l_rec: Tensor | float) -> None:
-        """One gradient-ascent step on λ with gradient L_rec/η − 1, then project into [0, λ_max].
+        """Record the λ this step applied; in ``constraint`` mode then take one gradient-ascent step
+        on λ with gradient L_rec/η − 1 and project into [0, λ_max].
 
-        No-op unless mode is ``constraint``. Call after the model's optimizer step.
+        No-op for ``none``/``dual``. Call once per optimizer step, after the model's step.
         """
+        if self.mode in ("constraint", "replay"):
+            self._trace.append(float(self._applied_lambda()))
         if self.lambda_optimizer is None:
             return
         value = l_rec.detach() if isinstance(l_rec, Tensor) else torch.tensor(l_rec)
@@ -161,8 +193,15 @@ class LossCombiner(nn.Module):
 
     @property
     def lambda_value(self) -> float | None:
-        """Current λ as a float (None unless mode is ``constraint``)."""
+        """λ of the next step as a float (None for ``none``/``dual``)."""
+        if self.schedule is not None:
+            return float(self.schedule[min(len(self._trace), len(self.schedule) - 1)])
         return None if self.multiplier is None else float(self.multiplier.detach())
+
+    @property
+    def lambda_trace(self) -> np.ndarray:
+        """float32 (steps,): the λ applied at every step so far (empty for ``none``/``dual``)."""
+        return np.asarray(self._trace, dtype=np.float32)
 
     # -- checkpointing: λ's optimizer state rides along in state_dict() --------------------
     def get_extra_state(self) -> dict[str, Any]:
@@ -170,7 +209,8 @@ class LossCombiner(nn.Module):
         opt_state = (
             None if self.lambda_optimizer is None else copy.deepcopy(self.lambda_optimizer.state_dict())
         )
-        return {"mode": self.mode, "lambda_optimizer": opt_state}
+        return {"mode": self.mode, "lambda_optimizer": opt_state,
+                "lambda_trace": torch.tensor(self._trace, dtype=torch.float32)}
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         if state.get("mode") != self.mode:
@@ -180,10 +220,14 @@ class LossCombiner(nn.Module):
             )
         if self.lambda_optimizer is not None and state.get("lambda_optimizer") is not None:
             self.lambda_optimizer.load_state_dict(copy.deepcopy(state["lambda_optimizer"]))
+        trace = state.get("lambda_trace")
+        self._trace = [] if trace is None else [float(v) for v in torch.as_tensor(trace).reshape(-1)]
 
     def extra_repr(self) -> str:
         if self.mode == "dual":
             return f"mode='dual', beta={self.beta}"
         if self.mode == "constraint":
             return f"mode='constraint', eta={self.eta}, lambda_max={self.lambda_max}"
+        if self.mode == "replay":
+            return f"mode='replay', eta={self.eta}, steps={len(self.schedule)}"
         return "mode='none'"

@@ -6,8 +6,9 @@ embedding of the same caption; the loss is ``mean_i (1 - cos(pred_i, target_i))`
 norm carries no meaning, only their direction.
 
 ITD: a language-model decoder conditioned on the caption embedding reconstructs the caption's
-tokens; the loss is the mean negative log-likelihood over the non-padding tokens of the batch
-(each token weighs the same, so long captions weigh more than short ones).
+tokens. ``reduction="mean"``: the mean negative log-likelihood over the non-padding tokens of the
+batch (each token weighs the same). ``reduction="sum"``: each caption's summed token NLL, averaged
+over the captions (the LTD paper's ITD; ~ caption length × stronger at the same weight).
 
 Both are computed in float32 so an autocast half-precision decoder cannot underflow them.
 """
@@ -30,12 +31,16 @@ def cosine_reconstruction_loss(pred: Tensor, target: Tensor) -> Tensor:
     return (1.0 - cos).mean()
 
 
-def token_nll_loss(logits: Tensor, targets: Tensor, pad_id: int = 0) -> Tensor:
-    """Mean NLL of ``targets`` (B, T) under ``logits`` (B, T, V), ignoring ``pad_id`` tokens.
+def token_nll_loss(logits: Tensor, targets: Tensor, pad_id: int = 0, reduction: str = "mean") -> Tensor:
+    """NLL of ``targets`` (B, T) under ``logits`` (B, T, V), ignoring ``pad_id`` tokens.
 
-    ``logits[b, t]`` must already be the prediction *for* ``targets[b, t]`` (the caller shifts
-    for teacher forcing). A batch with no non-pad token returns 0 rather than NaN.
+    ``reduction="mean"``: per non-pad token; ``"sum"``: summed over each caption's tokens, then
+    averaged over the captions that have at least one token. ``logits[b, t]`` must already be the
+    prediction *for* ``targets[b, t]`` (the caller shifts for teacher forcing). A batch with no
+    non-pad token returns 0 rather than NaN.
     """
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     if logits.dim() != 3 or targets.shape != logits.shape[:2]:
         raise ValueError(
             f"logits must be (B, T, V) and targets (B, T), got {tuple(logits.shape)} and "
@@ -47,6 +52,9 @@ def token_nll_loss(logits: Tensor, targets: Tensor, pad_id: int = 0) -> Tensor:
         ignore_index=pad_id,
         reduction="sum",
     )
+    if reduction == "sum":
+        n_captions = (targets != pad_id).any(dim=1).sum()
+        return total / n_captions.clamp(min=1)
     n_tokens = (targets != pad_id).sum()
     return total / n_tokens.clamp(min=1)
 
@@ -60,20 +68,24 @@ class LTDReconstructionLoss(nn.Module):
 
 
 class ITDReconstructionLoss(nn.Module):
-    """``forward(logits, targets)`` → ``loss`` (mean token NLL), detached ``perplexity`` and
-    ``n_tokens`` (number of non-pad tokens the mean is over)."""
+    """``forward(logits, targets)`` → ``loss`` (token NLL, ``reduction`` mean or sum per caption),
+    detached ``perplexity`` (per token, whatever the reduction) and ``n_tokens``."""
 
-    def __init__(self, pad_id: int = 0) -> None:
+    def __init__(self, pad_id: int = 0, reduction: str = "mean") -> None:
         super().__init__()
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
         self.pad_id = int(pad_id)
+        self.reduction = reduction
 
     def forward(self, logits: Tensor, targets: Tensor) -> dict[str, Tensor]:
-        loss = token_nll_loss(logits, targets, pad_id=self.pad_id)
+        loss = token_nll_loss(logits, targets, pad_id=self.pad_id, reduction=self.reduction)
+        per_token = loss if self.reduction == "mean" else token_nll_loss(logits.detach(), targets, self.pad_id)
         return {
             "loss": loss,
-            "perplexity": loss.detach().exp(),
+            "perplexity": per_token.detach().exp(),
             "n_tokens": (targets != self.pad_id).sum(),
         }
 
     def extra_repr(self) -> str:
-        return f"pad_id={self.pad_id}"
+        return f"pad_id={self.pad_id}, reduction={self.reduction!r}"

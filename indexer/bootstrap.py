@@ -1,0 +1,98 @@
+"""Paired bootstrap over test queries: how much of a difference between two models is the test set.
+
+Two models evaluated on the same split give per-query results (``per_query.npz`` of
+``ltd eval``): for every image query the rank of its best-ranked caption, for every caption query
+the rank of its image and its nDCG. rsum is a sum of per-direction means,
+
+    rsum = mean_images(100·Σ_k [rank ≤ k]) + mean_captions(100·Σ_k [rank ≤ k]),  k ∈ {1, 5, 10},
+
+so the difference of two models is a difference of per-query means. The bootstrap resamples the
+queries with replacement — image queries and caption queries independently, since they are two
+different query sets — keeps each query's pair of results together (paired), and reads the 95 %
+interval of Δ rsum and Δ t2i nDCG off the percentiles of the resampled differences.
+
+With several seeds per model (rows of the arrays, seed-matched), each query's difference is first
+averaged over the seeds, so the interval is for the seed-mean difference that the tables report.
+It measures test-query sampling only; the seed-to-seed spread is what the seed-matched std adds.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+RECALL_KS = (1, 5, 10)
+CHUNK_ELEMENTS = 4_000_000  # indices per resample chunk (32 MB of int64)
+
+
+def recall_points(first_rank: np.ndarray, ks: tuple[int, ...] = RECALL_KS) -> np.ndarray:
+    """Per query, its contribution to one direction's part of rsum: 100·Σ_k [rank ≤ k]."""
+    r = np.asarray(first_rank, dtype=np.float64)
+    return 100.0 * sum((r <= k).astype(np.float64) for k in ks)
+
+
+def _per_query_delta(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = np.atleast_2d(np.asarray(a, dtype=np.float64)), np.atleast_2d(np.asarray(b, dtype=np.float64))
+    if a.shape != b.shape:
+        raise ValueError(f"paired results need the same shape (seeds, queries), got {a.shape} and {b.shape}")
+    return (b - a).mean(axis=0)
+
+
+def paired_deltas(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per-query differences b − a (seed-averaged): ``i2t`` and ``t2i`` rsum points, ``ndcg``.
+
+    ``a``/``b`` hold ``i2t_first_rank`` (seeds × images), ``t2i_first_rank`` and ``t2i_ndcg``
+    (seeds × captions); a single run may pass 1-D arrays. Queries without a positive (nan rank)
+    are not supported: the retrieval splits give every query one.
+    """
+    out = {"i2t": _per_query_delta(recall_points(a["i2t_first_rank"]), recall_points(b["i2t_first_rank"])),
+           "t2i": _per_query_delta(recall_points(a["t2i_first_rank"]), recall_points(b["t2i_first_rank"]))}
+    if "t2i_ndcg" in a and "t2i_ndcg" in b:
+        out["ndcg"] = _per_query_delta(a["t2i_ndcg"], b["t2i_ndcg"])
+    for k in ("i2t_first_rank", "t2i_first_rank"):
+        if np.isnan(np.asarray(a[k], dtype=float)).any() or np.isnan(np.asarray(b[k], dtype=float)).any():
+            raise ValueError(f"{k} has queries without a positive (nan): not supported")
+    return out
+
+
+def resample_means(rng: np.random.Generator, d_i2t: np.ndarray, d_t2i: np.ndarray, extra: list[np.ndarray],
+                   n_resamples: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Bootstrap replicates: Δ rsum (i2t and t2i queries resampled independently) and the mean of
+    each array in ``extra`` over the same resampled caption queries. Draws, per chunk of resamples,
+    the image indices then the caption indices (the reference in the tests draws the same)."""
+    n_i, n_t = len(d_i2t), len(d_t2i)
+    chunk = max(1, CHUNK_ELEMENTS // max(n_i, n_t, 1))
+    rsum, ext = np.empty(n_resamples), [np.empty(n_resamples) for _ in extra]
+    for a in range(0, n_resamples, chunk):
+        c = min(chunk, n_resamples - a)
+        ii = rng.integers(0, n_i, size=(c, n_i))
+        it = rng.integers(0, n_t, size=(c, n_t))
+        rsum[a:a + c] = d_i2t[ii].mean(axis=1) + d_t2i[it].mean(axis=1)
+        for out, e in zip(ext, extra):
+            out[a:a + c] = e[it].mean(axis=1)
+    return rsum, ext
+
+
+def _interval(observed: float, reps: np.ndarray, level: float) -> dict:
+    lo, hi = np.percentile(reps, [50 * (1 - level), 50 * (1 + level)])
+    return {"delta": float(observed), "lo": float(lo), "hi": float(hi), "p_le_0": float(np.mean(reps <= 0))}
+
+
+def paired_bootstrap(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], *, n_resamples: int = 10_000,
+                     level: float = 0.95, seed: int = 0) -> dict:
+    """Δ (b − a) and its bootstrap interval for rsum and t2i nDCG over test queries.
+
+    Returns ``{"rsum": {delta, lo, hi, p_le_0}, "t2i_ndcg": {...}, "n_resamples", "level",
+    "n_seeds", "n_images", "n_captions"}``; ``p_le_0`` is the share of replicates with Δ ≤ 0.
+    """
+    if not 0 < level < 1 or n_resamples < 1:
+        raise ValueError("level must be in (0, 1) and n_resamples >= 1")
+    d = paired_deltas(a, b)
+    extra = [d["ndcg"]] if "ndcg" in d else []
+    reps, ext = resample_means(np.random.default_rng(seed), d["i2t"], d["t2i"], extra, n_resamples)
+    out = {"rsum": _interval(d["i2t"].mean() + d["t2i"].mean(), reps, level),
+           "n_resamples": n_resamples, "level": level, "n_seeds": int(np.atleast_2d(a["i2t_first_rank"]).shape[0]),
+           "n_images": len(d["i2t"]), "n_captions": len(d["t2i"])}
+    if extra:
+        out["t2i_ndcg"] = _interval(d["ndcg"].mean(), ext[0], level)
+    return out

@@ -1,0 +1,166 @@
+"""The controls of issue 17: replayed λ, ITD with per-caption summed NLL, mpnet targets from its
+part-packages."""
+from __future__ import annotations
+
+import json
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_config
+from training.losses import LossCombiner, token_nll_loss
+from training.losses.lambda_trace import build_combiner, read_lambda_trace, write_lambda_trace
+
+
+def _steps(run):
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["type"] == "step"]
+
+
+# ---- replayed λ -------------------------------------------------------------------------------
+def test_replay_applies_the_schedule_as_constant_weights():
+    sched = [1.0, 2.5, 4.0]
+    comb = LossCombiner("replay", eta=0.5, schedule=sched)
+    for lam in sched:
+        l_rec = torch.tensor(0.8, requires_grad=True)
+        out = comb(torch.tensor(1.0), l_rec)
+        out["loss"].backward()
+        assert float(out["lambda"]) == lam
+        assert float(l_rec.grad) == pytest.approx(lam / 0.5)  # the weight on L_rec is λ_t / η
+        assert float(out["loss"].detach()) == pytest.approx(1.0 + lam * (0.8 / 0.5 - 1))
+        comb.update(l_rec.detach())  # no ascent: the next step reads the next entry
+    assert comb.lambda_trace.tolist() == sched
+    with pytest.raises(RuntimeError, match="schedule has 3 steps"):
+        comb(torch.tensor(1.0), torch.tensor(0.8))
+
+
+def test_trace_survives_state_dict_and_rejects_bad_schedules():
+    comb = LossCombiner("constraint", eta=0.2)
+    for v in (0.5, 0.3, 0.1):
+        comb(torch.tensor(1.0), torch.tensor(v))
+        comb.update(torch.tensor(v))
+    other = LossCombiner("constraint", eta=0.2)
+    other.load_state_dict(comb.state_dict())
+    np.testing.assert_array_equal(other.lambda_trace, comb.lambda_trace)
+    assert len(comb.lambda_trace) == 3 and comb.lambda_trace[0] == 1.0
+    for bad in ([], [1.0, float("nan")], [-1.0]):
+        with pytest.raises(ValueError):
+            LossCombiner("replay", schedule=bad)
+
+
+def test_trace_file_round_trip_and_eta_check(tmp_path):
+    write_lambda_trace(tmp_path, np.array([1.0, 1.5], dtype=np.float32), 0.15)
+    lam, eta = read_lambda_trace(tmp_path)
+    assert lam.tolist() == [1.0, 1.5] and eta == 0.15
+    assert not list(tmp_path.glob(".*tmp*"))  # the temp file was renamed
+
+    class Cfg:
+        mode, beta, eta, lambda_init, lambda_lr, lambda_momentum, lambda_dampening, lambda_max = (
+            "replay", 1.0, 0.2, 1.0, 5e-3, 0.9, 0.9, 100.0)
+        lambda_schedule = str(tmp_path)
+    with pytest.raises(ValueError, match="logged with η=0.15"):
+        build_combiner(Cfg, total_steps=2)
+    Cfg.eta = 0.15
+    with pytest.raises(ValueError, match="has 2 steps, this run needs 3"):
+        build_combiner(Cfg, total_steps=3)
+    assert build_combiner(Cfg, total_steps=2).mode == "replay"
+    with pytest.raises(FileNotFoundError, match="lambda_trace.npz"):
+        read_lambda_trace(tmp_path / "nothing")
+
+
+@pytest.mark.slow
+def test_replayed_run_applies_the_logged_lambdas(tmp_path):
+    """Acceptance (issue 17): a tiny constraint run logs λ for every step; a replay run of it applies
+    exactly those weights, step by step, and its λ really enters the loss."""
+    from app.cmd_train import train_run
+
+    src = train_run(tiny_config("constraint"), tmp_path / "src", show_progress=False).run_dir
+    logged, eta = read_lambda_trace(src)
+    src_steps = _steps(src)
+    assert len(logged) == max(r["step"] for r in src_steps) > 2  # every step, not every log_every
+    assert eta == 0.5
+    assert len(set(logged.tolist())) > 1  # λ moved, so the replay is not trivially constant
+    for r in src_steps:  # the trace is what the loop logged (log_every=1 in the tiny config)
+        assert logged[r["step"] - 1] == pytest.approx(r["lambda"], rel=1e-6)
+
+    rep = train_run(tiny_config("replay", [f"loss.lambda_schedule={src}"]), tmp_path / "rep",
+                    show_progress=False).run_dir
+    applied, _ = read_lambda_trace(rep)
+    np.testing.assert_array_equal(applied, logged)
+    for r in _steps(rep):
+        assert r["lambda"] == pytest.approx(float(logged[r["step"] - 1]), rel=1e-6)
+        assert r["loss"] == pytest.approx(r["l_con"] + r["lambda"] * (r["l_rec"] / eta - 1), rel=1e-5, abs=1e-6)
+
+
+# ---- ITD with summed NLL ---------------------------------------------------------------------
+def test_itd_sum_is_per_caption_total():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 7)
+    tgt = torch.tensor([[3, 4, 5, 0], [6, 0, 0, 0]])  # 3 tokens and 1 token, pad 0
+    nll = -torch.log_softmax(logits, -1).gather(-1, tgt[..., None])[..., 0] * (tgt != 0)
+    assert float(token_nll_loss(logits, tgt, reduction="sum")) == pytest.approx(float(nll.sum() / 2))
+    assert float(token_nll_loss(logits, tgt)) == pytest.approx(float(nll.sum() / 4))
+    with pytest.raises(ValueError):
+        token_nll_loss(logits, tgt, reduction="max")
+
+
+def test_itd_sum_runs_as_dual_and_constraint(tmp_path):
+    from app.cmd_train import train_run
+
+    for mode in ("dual", "constraint"):
+        extra = ["loss.decoder=itd", "loss.itd_reduction=sum", "loss.eta=20", "train.epochs=1"]
+        run = train_run(tiny_config(mode, extra[:2] + extra[3:] + ([extra[2]] if mode == "constraint" else [])),
+                        tmp_path / mode, show_progress=False).run_dir
+        rows = _steps(run)
+        # summed over a caption's ~5 tokens: well above the per-token mean of ln(V) at the start
+        assert rows[0]["l_rec"] > 2 * np.log(20)
+        assert all(np.isfinite(r["loss"]) for r in rows)
+
+
+# ---- all-mpnet-base-v2 from part-packages ------------------------------------------------------
+def test_mpnet_missing_extra_names_it(monkeypatch):
+    from importlib import metadata
+
+    from training import packaged_models
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(packaged_models.metadata, "distribution", missing)
+    with pytest.raises(packaged_models.ModelNotInstalled, match=r"extra \[mpnet\]"):
+        packaged_models.mpnet_path()
+
+
+def test_mpnet_reassembles_split_zip_once(tmp_path, monkeypatch):
+    """Five byte slices of one zip, concatenated in order, give the model folder (cached)."""
+    from training import packaged_models
+
+    buf = tmp_path / "whole.zip"
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("all-mpnet-base-v2/modules.json", "[]")
+        zf.writestr("all-mpnet-base-v2/config.json", "{}")
+        zf.writestr("all-mpnet-base-v2/desktop.ini", "x")
+        zf.writestr("all-mpnet-base-v2/model.safetensors", bytes(range(256)) * 40)
+    data = buf.read_bytes()
+    cuts = np.linspace(0, len(data), 6).astype(int)
+    parts = []
+    for i in range(5):
+        p = tmp_path / f"all-mpnet-base-v2.zip.{i + 1:03d}"
+        p.write_bytes(data[cuts[i]:cuts[i + 1]])
+        parts.append((f"part-{i + 1}", "0.0.1", p))
+    monkeypatch.setattr(packaged_models, "_part_files", lambda: parts)
+    model = packaged_models.mpnet_path(str(tmp_path / "cache"))
+    assert (model / "model.safetensors").read_bytes() == bytes(range(256)) * 40
+    assert not (model / "desktop.ini").exists()
+    assert packaged_models.mpnet_path(str(tmp_path / "cache")) == model  # reused, not re-extracted
+    assert not [p for p in (tmp_path / "cache" / "models").iterdir() if p.name.startswith(".")]
+
+
+def test_mpnet_archive_with_escaping_member_is_refused(tmp_path):
+    from training.packaged_models import _check_members
+
+    buf = tmp_path / "bad.zip"
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("all-mpnet-base-v2/../../evil.txt", "x")
+    with zipfile.ZipFile(buf) as zf, pytest.raises(ValueError, match="unexpected member"):
+        _check_members(zf)

