@@ -40,9 +40,13 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")  # L, 1, P, CMYK, YCbCr, LAB, HSV, F
 
 
-def load_image(source: str | Path | bytes, *, max_pixels: int = MAX_PIXELS, name: str | None = None) -> Image.Image:
+def load_image(source: str | Path | bytes, *, max_pixels: int = MAX_PIXELS, name: str | None = None,
+               min_side: int = 0) -> Image.Image:
     """Decode a file path or bytes into an RGB PIL image, applying EXIF orientation.
 
+    ``max_pixels`` bounds the pixels actually decoded. ``min_side`` > 0 lets a JPEG decode at a
+    reduced scale (1/2, 1/4 or 1/8, in the DCT: Pillow's draft mode) as long as its short side stays
+    at least ``min_side``, so a 40-megapixel photo meant for a 224-pixel model never decodes at full size.
     Raises ImageError for anything that is not a decodable image of an allowed format and size.
     """
     label = name or (str(source) if not isinstance(source, bytes) else "upload")
@@ -57,6 +61,9 @@ def load_image(source: str | Path | bytes, *, max_pixels: int = MAX_PIXELS, name
                 img = Image.open(fp)
                 if img.format not in ALLOWED_FORMATS:
                     raise ImageError(f"{label}: unsupported image type {img.format}")
+                if min_side > 0 and img.format in ("JPEG", "MPO") and min(img.size) > 2 * min_side:
+                    scale = min_side / min(img.size)
+                    img.draft("RGB", (max(1, int(img.size[0] * scale + 1)), max(1, int(img.size[1] * scale + 1))))
                 w, h = img.size
                 if w * h > max_pixels:
                     raise ImageError(f"{label}: {w}x{h} pixels exceeds the limit of {max_pixels:,} (decompression-bomb guard)")
@@ -66,8 +73,8 @@ def load_image(source: str | Path | bytes, *, max_pixels: int = MAX_PIXELS, name
         except ImageError:
             raise
         except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-            raise ImageError(f"{label}: too many pixels to decode safely (decompression-bomb guard, "
-                             f"limit {MAX_PIXELS:,})") from None
+            raise ImageError(f"{label}: too many pixels to decode safely (decompression-bomb guard: "
+                             f"{Image.MAX_IMAGE_PIXELS:,} pixels in the file's header at most)") from None
         except UnidentifiedImageError:
             raise ImageError(f"{label}: not a recognised image file") from None
         except (OSError, SyntaxError, ValueError, EOFError) as e:
