@@ -45,6 +45,7 @@ RUN pip install --index-url "${TORCH_INDEX_URL}" torch==2.13.0
 COPY pyproject.toml README.md ./
 COPY training ./training
 COPY indexer ./indexer
+COPY search ./search
 COPY app ./app
 COPY ui ./ui
 COPY configs ./configs

@@ -41,12 +41,12 @@ import numpy as np
 import yaml
 
 from app.experiment_stats import paired_statistics, render_paired, seed_matched
+from indexer import metrics
 from training.config import ConfigError, load_config
 
 log = logging.getLogger("ltd.experiment")
 
-REPORT_KEYS = ["i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10", "rsum", "i2t_R-P", "t2i_R-P",
-               "t2i_nDCG@25_rougeL", "i2t_nDCG@25_rougeL"]
+REPORT_KEYS = [*metrics.REPORT_KEYS, metrics.ndcg_key("t2i"), metrics.ndcg_key("i2t")]
 
 
 @dataclass

@@ -11,10 +11,24 @@ from pathlib import Path
 import yaml
 
 from indexer.index import IndexDir, IndexDirError, load_index_dir, read_manifest
+from indexer.metrics import REPORT_KEYS, ndcg_key
 from training.checkpoint import load_checkpoint, sha256_file
 from training.config import Config
 
 log = logging.getLogger(__name__)
+
+
+def train_run(cfg, out: Path, *, resume: bool = False, show_progress: bool = True):
+    """Prepare data, build the validator from the indexer's metrics, and train. Shared by `ltd train`,
+    `ltd demo` and `ltd experiment`."""
+    from indexer.validation import make_validator
+    from training.loop import pick_device, train
+    from training.prepare import prepare
+
+    data = prepare(cfg, show_progress=show_progress, device=str(pick_device(cfg.train.device)))
+    val_feats = data.image_feats[[im.index for im in data.val.images]].mean(1)
+    validator = make_validator(data.val, data.val_texts, val_feats, max_images=cfg.train.val_max_images)
+    return train(cfg, out, validate=validator, resume=resume, data=data, show_progress=show_progress)
 
 
 def run_state(cfg: Config, run_dir: Path) -> str:
@@ -31,8 +45,6 @@ def run_state(cfg: Config, run_dir: Path) -> str:
 
 def ensure_trained(cfg: Config, run_dir: Path, *, show_progress: bool = True) -> Path:
     """The run's best.pt, training or resuming only when needed."""
-    from app.cmd_train import train_run
-
     state = run_state(cfg, run_dir)
     if state == "conflict":
         raise FileExistsError(f"{run_dir} holds a run with a different config; delete it or choose another output folder")
@@ -64,9 +76,12 @@ def ensure_indexed(checkpoint: Path, dataset: str | Path, split: str, index_dir:
 
 
 def ensure_evaluated(ix: IndexDir, *, relevance: str | None = "rougeL", show_progress: bool = True) -> dict:
-    from indexer.evaluate import evaluate_index, write_report
-
-    from indexer.evaluate import load_report, per_query_path
+    from indexer.evaluate import (
+        evaluate_index,
+        load_report,
+        per_query_path,
+        write_report,
+    )
 
     rep = load_report(ix.path, ix.generation)
     if rep is not None and per_query_path(ix).is_file():
@@ -82,8 +97,7 @@ def ensure_evaluated(ix: IndexDir, *, relevance: str | None = "rougeL", show_pro
 def comparison_table(reports: dict[str, dict], ndcg_k: int = 25) -> str:
     """Markdown: one row per metric, one column per model, plus the difference of the last two."""
     names = list(reports)
-    keys = ["i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10", "rsum", "i2t_R-P", "t2i_R-P",
-            f"i2t_nDCG@{ndcg_k}_rougeL", f"t2i_nDCG@{ndcg_k}_rougeL"]
+    keys = [*REPORT_KEYS, ndcg_key("i2t", ndcg_k), ndcg_key("t2i", ndcg_k)]
     keys = [k for k in keys if all(k in r for r in reports.values())]
     head = "| metric | " + " | ".join(names) + (f" | Δ ({names[-1]} − {names[0]}) |" if len(names) > 1 else " |")
     lines = [head, "|---|" + "---:|" * (len(names) + (1 if len(names) > 1 else 0))]

@@ -194,15 +194,14 @@ def scrape(port: int) -> dict[str, float]:
 
 # ---- in process ------------------------------------------------------------------------------------
 def in_process(index_dirs: dict[str, str], model: str, queries: list[str], k: int, args) -> dict:
-    from app.main import apply_thread_settings
-    from app.service import SearchService
-    from app.settings import Settings
+    from app.api.main import apply_thread_settings
+    from app.api.settings import Settings
 
     settings = Settings(models=index_dirs, ui=False, torch_threads=args.torch_threads,
                         text_cache=0 if args.cache == "off" else Settings().text_cache,
                         text_batching=args.batching == "on", text_quantize=args.quantize_text)
     apply_thread_settings(settings)
-    svc = SearchService.from_settings(settings)
+    svc = settings.search_service()
     svc.load()
 
     def one(q: str) -> float:
@@ -314,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write", action="store_true", help="replace this section of BENCHMARKS.md")
     args = p.parse_args(argv)
 
-    from app.cmd_serve import parse_models
+    from app.cli.serve import parse_models
 
     index_dirs = parse_models(args.model)
     target = args.target or list(index_dirs)[-1]

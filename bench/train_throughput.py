@@ -108,7 +108,7 @@ def bench_targets(n: int, data_dir: str | None) -> dict:
 
 def bench_epoch(config: str, data_dir: str, sets: list[str]) -> dict:
     """One epoch of ``config`` on Flickr8k train with cached features; validation timed separately."""
-    from app.cmd_train import train_run
+    from app.pipeline import train_run
     from training.config import load_config
 
     os.environ["LTD_DATA_DIR"] = data_dir

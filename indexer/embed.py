@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from training.progress import progress, progress_iter
 
 from training.data.images import ImageError, load_image
 from training.losses import similarity_fn
@@ -27,8 +27,8 @@ def embed_captions(model: DualEncoder, texts: Sequence[str], *, batch_size: int 
     """(n, E) float32 normalised caption embeddings."""
     model.eval()
     out = []
-    for i in tqdm(range(0, len(texts), batch_size), desc="caption embeddings", unit="batch",
-                  disable=not show_progress or len(texts) <= batch_size):
+    for i in progress_iter(range(0, len(texts), batch_size), desc="caption embeddings", unit="batch",
+                           disable=not show_progress or len(texts) <= batch_size):
         batch = move_batch(model.text.prepare(list(texts[i : i + batch_size])), model.device)
         out.append(model.encode_text(batch).float().cpu().numpy())
     return np.concatenate(out) if out else np.zeros((0, model.text.out_dim), np.float32)
@@ -50,7 +50,7 @@ def embed_image_files(model: DualEncoder, paths: Sequence[str | Path], *, batch_
     ``{position: reason}``; the embedding array has one row per readable file, in order."""
     model.eval()
     out, failed = [], {}
-    bar = tqdm(total=len(paths), desc="image embeddings", unit="img", disable=not show_progress)
+    bar = progress(len(paths), desc="image embeddings", unit="img", disable=not show_progress)
     for i in range(0, len(paths), batch_size):
         imgs = []
         for j, p in enumerate(paths[i : i + batch_size], start=i):

@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterator, Sequence
 
 import numpy as np
-from tqdm.auto import tqdm
+from training.progress import progress
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def _lcs_chunks(
         chunk = max(1, _QUERY_CHUNK // int(w))
         jobs += [(int(w), members[i : i + chunk]) for i in range(0, members.size, chunk)]
     n_blocks = -(-n_r // _REF_BLOCK)
-    with tqdm(total=len(jobs) * n_blocks, desc="ROUGE-L", unit="block", disable=not show_progress) as bar:
+    with progress(len(jobs) * n_blocks, desc="ROUGE-L", unit="block", disable=not show_progress) as bar:
         for w, qs in jobs:
             table = _match_table([q_ids[i] for i in qs], w, vocab_size)
             low = np.array([_low_bits(q_len[i], w) for i in qs], dtype=np.uint64).T  # (w, n_qs)
@@ -165,7 +165,7 @@ def rouge_l_matrix(
         - ``"tern"``: TERN's exact numbers: coco-caption's ``Rouge`` (lowercase, split on single
           spaces, precision and recall each maximised over the references *separately*, then
           F-beta with beta = 1.2).
-    show_progress: tqdm bar over (query chunk, reference block) pairs.
+    show_progress: a progress bar over (query chunk, reference block) pairs.
 
     Returns
     -------

@@ -94,7 +94,7 @@ def tiny_config(mode: str = "none", extra: list[str] | tuple[str, ...] = ()):
 def tiny_index_pair(tmp_path_factory):
     """Two trained tiny models (baseline, LTD constraint) on the synthetic test split, indexed and
     evaluated: {"bl": index_dir, "ltd": index_dir, "dataset": json, "runs": {...}}."""
-    from app.cmd_train import train_run
+    from app.pipeline import train_run
     from indexer.build import build_dataset_index
     from indexer.evaluate import evaluate_index, write_report
     from training.prepare import resolve_dataset_path

@@ -17,10 +17,10 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from app.main import create_app
-from app.routers.deps import get_service
-from app.service import SearchService
-from app.settings import Settings
+from app.api.main import create_app
+from app.api.routers.deps import get_service
+from search import SearchService
+from app.api.settings import Settings
 
 MB = 1024 * 1024
 
@@ -33,7 +33,7 @@ def _settings(pair, **kw) -> Settings:
 
 @pytest.fixture(scope="module")
 def service(tiny_index_pair) -> SearchService:
-    svc = SearchService.from_settings(_settings(tiny_index_pair))
+    svc = _settings(tiny_index_pair).search_service()
     svc.load()
     yield svc
     svc.close()
@@ -91,22 +91,19 @@ def test_health_and_models(client):
     assert assert_error(client.get("/api/models/nope"), 404, "not_found")["valid_models"] == ["bl", "ltd"]
 
 
-class GatedService(SearchService):
-    """Loading waits for a gate the test opens."""
+def test_health_while_loading_then_ready(tiny_index_pair, monkeypatch):
+    import search.registry
 
-    def __init__(self, *a, gate: threading.Event, **kw):
-        super().__init__(*a, **kw)
-        self.gate = gate
-
-    def _load_one(self, name, path):
-        assert self.gate.wait(60), "gate never opened"
-        return super()._load_one(name, path)
-
-
-def test_health_while_loading_then_ready(tiny_index_pair):
     gate = threading.Event()
-    settings = _settings(tiny_index_pair, load_in_background=True)
-    svc = GatedService(settings.models, gate=gate, text_batching=True)
+    real = search.registry.load_entry
+
+    def gated(*a, **kw):  # loading waits for a gate the test opens
+        assert gate.wait(60), "gate never opened"
+        return real(*a, **kw)
+
+    monkeypatch.setattr(search.registry, "load_entry", gated)
+    settings = _settings(tiny_index_pair, load_in_background=True, text_batching=True)
+    svc = settings.search_service()
     with TestClient(create_app(settings, service=svc)) as c:
         r = c.get("/api/health")
         assert r.status_code == 503 and r.json()["status"] == "loading" and r.json()["loaded"] == []
@@ -129,7 +126,7 @@ def test_health_reports_load_failure(tiny_index_pair, tmp_path):
     settings = Settings(models={"bad": str(bad)}, ui=False, load_in_background=True)
     app = create_app(settings)
     with TestClient(app) as c:
-        app.state.service._loader.join(60)
+        assert app.state.service.ready.wait(60)
         r = c.get("/api/health")
         assert r.status_code == 503 and r.json()["status"] == "error"
         assert "checkpoint" in r.json()["detail"]
@@ -413,11 +410,11 @@ def test_unexpected_errors_become_json_500(tiny_index_pair, service):
 # ---- the service behind it: cache and batching -----------------------------------------------------
 def test_batched_cached_and_direct_encodings_agree(tiny_index_pair, service):
     texts = [f"a {c} {s} in the corner" for c in ("red", "blue", "green", "pink") for s in ("square", "circle", "cross")]
-    direct = SearchService.from_settings(_settings(tiny_index_pair, text_cache=0, text_batching=False))
+    direct = _settings(tiny_index_pair, text_cache=0, text_batching=False).search_service()
     direct.load()
     ref = np.stack([direct.encode_text("ltd", t) for t in texts])
     assert direct.text_cache_info()["hits"] == 0
-    batched = SearchService.from_settings(_settings(tiny_index_pair, text_cache=0, text_batching=True))
+    batched = _settings(tiny_index_pair, text_cache=0, text_batching=True).search_service()
     batched.load()
     out: dict[int, np.ndarray] = {}
     threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, batched.encode_text("ltd", texts[i])))
@@ -438,9 +435,9 @@ def test_batched_cached_and_direct_encodings_agree(tiny_index_pair, service):
 
 
 def test_quantized_query_encoder_is_close(tiny_index_pair):
-    quant = SearchService.from_settings(_settings(tiny_index_pair, text_quantize=True, text_cache=0))
+    quant = _settings(tiny_index_pair, text_quantize=True, text_cache=0).search_service()
     quant.load()
-    ref = SearchService.from_settings(_settings(tiny_index_pair, text_cache=0, text_batching=False))
+    ref = _settings(tiny_index_pair, text_cache=0, text_batching=False).search_service()
     ref.load()
     for text in ("a red square in the corner", "a big striped blue circle"):
         a, b = quant.encode_text("ltd", text), ref.encode_text("ltd", text)
@@ -465,7 +462,7 @@ def test_serve_cli_rejects_bad_input(argv, message, capsys, monkeypatch):
 
 
 def test_serve_cli_builds_settings(tiny_index_pair, capsys, monkeypatch):
-    import app.cmd_serve as cmd
+    import app.cli.serve as cmd
     from app.cli import main
 
     seen = {}
@@ -486,7 +483,7 @@ def test_serve_cli_builds_settings(tiny_index_pair, capsys, monkeypatch):
     assert seen["settings"].checkpoints == {"bl": str((tiny_index_pair["runs"]["bl"] / "best.pt").resolve())}
     assert main(["serve", "--model", f"bl={bl}", "--model", f"bl={ltd}"]) == 2
     assert "given twice" in capsys.readouterr().err
-    from app.cmd_serve import urls
+    from app.cli.serve import urls
     assert dict(urls("0.0.0.0", 8000, True))["UI"] == "http://127.0.0.1:8000/ui"
     assert "UI" not in dict(urls("127.0.0.1", 8000, False)) and dict(urls("::1", 80, False))["API docs"] == "http://[::1]:80/docs"
 
@@ -494,8 +491,7 @@ def test_serve_cli_builds_settings(tiny_index_pair, capsys, monkeypatch):
 @pytest.mark.slow
 def test_ui_is_mounted_next_to_the_api(tiny_index_pair, service):
     app = create_app(_settings(tiny_index_pair, ui=True), service=service)
-    if not app.state.ui_mounted:
-        pytest.skip("the ui package is not available")
+    assert app.state.ui_mounted  # the UI is part of the project: not mounting it is a failure
     with TestClient(app) as c:
         r = c.get("/ui/")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")

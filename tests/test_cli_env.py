@@ -1,4 +1,4 @@
-"""The OpenMP wait policy the `ltd` process picks for itself (app/__init__.py) before torch loads."""
+"""The OpenMP wait policy the `ltd` process picks for itself (app/cli/__init__.py) before torch loads."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PROBE = "import sys; sys.argv = {argv!r}; import app, os; print(os.environ.get('OMP_WAIT_POLICY', '<unset>'))"
+PROBE = "import sys; sys.argv = {argv!r}; import app.cli, os; print(os.environ.get('OMP_WAIT_POLICY', '<unset>'))"
 
 
 def _policy(argv: list[str], **env: str) -> str:

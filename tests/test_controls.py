@@ -73,7 +73,7 @@ def test_trace_file_round_trip_and_eta_check(tmp_path):
 def test_replayed_run_applies_the_logged_lambdas(tmp_path):
     """Acceptance (issue 17): a tiny constraint run logs λ for every step; a replay run of it applies
     exactly those weights, step by step, and its λ really enters the loss."""
-    from app.cmd_train import train_run
+    from app.pipeline import train_run
 
     src = train_run(tiny_config("constraint"), tmp_path / "src", show_progress=False).run_dir
     logged, eta = read_lambda_trace(src)
@@ -106,7 +106,7 @@ def test_itd_sum_is_per_caption_total():
 
 
 def test_itd_sum_runs_as_dual_and_constraint(tmp_path):
-    from app.cmd_train import train_run
+    from app.pipeline import train_run
 
     for mode in ("dual", "constraint"):
         extra = ["loss.decoder=itd", "loss.itd_reduction=sum", "loss.eta=20", "train.epochs=1"]

@@ -168,7 +168,7 @@ def test_cxc_positives_from_package(tmp_path):
 @pytest.mark.slow
 def test_compare_two_models(tiny_index_pair, tmp_path, capsys):
     from app.cli import main
-    from indexer.compare import compare_indexes
+    from indexer.disagreement import compare_indexes
 
     a, b = load_index_dir(tiny_index_pair["bl"]), load_index_dir(tiny_index_pair["ltd"])
     rows = compare_indexes(a, b)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from training.data import synthetic as syn
+from training.data import synthetic
+from training.data import synthetic_scenes as syn
 from training.data.karpathy import load_karpathy
 from training.data.synthetic import (
     SYNTHETIC_JSON_NAME,
@@ -216,7 +217,7 @@ def test_byte_identical_across_runs_and_worker_counts(generated: Path, tmp_path:
 def test_json_layout_splits_and_captions(generated: Path) -> None:
     data = json.loads(generated.read_text())
     assert data["dataset"] == "synthetic" and data["seed"] == 3
-    assert data["generator_version"] == syn.GENERATOR_VERSION
+    assert data["generator_version"] == synthetic.GENERATOR_VERSION
     images = data["images"]
     assert [im["imgid"] for im in images] == list(range(N))
     splits = [im["split"] for im in images]

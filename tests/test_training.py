@@ -47,7 +47,7 @@ def test_config_yaml_roundtrip_and_presets(tmp_path):
 
 
 def test_missing_val_split_fails_at_start(tmp_path):
-    from app.cmd_train import train_run
+    from app.pipeline import train_run
     from conftest import write_karpathy
 
     p = write_karpathy(tmp_path, 6, splits=["train"] * 6)
@@ -92,7 +92,7 @@ class Killed(Exception):
 
 def train_until_killed(monkeypatch, cfg, run_dir, when):
     """Run ``cfg`` and stop it (as a kill would) right after the checkpoint for which ``when(payload)``."""
-    from app.cmd_train import train_run
+    from app.pipeline import train_run
     from training import loop
 
     real_save = loop.save_checkpoint
@@ -110,7 +110,7 @@ def train_until_killed(monkeypatch, cfg, run_dir, when):
 
 @pytest.mark.slow
 def test_resume_gives_identical_next_step_losses(tmp_path, monkeypatch):
-    from app.cmd_train import train_run
+    from app.pipeline import train_run
 
     extra = ["model.token_dropout=0.2", "model.crops=2", "model.feature_dropout=0.3",
              "train.epochs=3"]  # random choices inside steps
@@ -129,7 +129,7 @@ def test_resume_gives_identical_next_step_losses(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_mid_epoch_checkpoint_resume(tmp_path, monkeypatch):
     """A run killed mid-epoch resumes from its last step checkpoint and replays the same steps."""
-    from app.cmd_train import train_run
+    from app.pipeline import train_run
     from training.checkpoint import load_checkpoint
 
     extra = ["train.checkpoint_every=2", "train.epochs=1"]
@@ -153,7 +153,7 @@ def test_constraint_and_dual_wiring_in_model(tmp_path):
 
 
 def test_itd_and_triplet_and_ifm_runs(tmp_path):
-    from app.cmd_train import train_run
+    from app.pipeline import train_run
 
     for extra in (["loss.mode=dual", "loss.decoder=itd", "train.epochs=1"],
                   ["loss.contrastive=triplet", "model.batchnorm=true", "train.epochs=1"],
@@ -167,7 +167,7 @@ def test_itd_and_triplet_and_ifm_runs(tmp_path):
 
 
 def test_model_rebuilds_from_checkpoint_without_glove(tmp_path, monkeypatch):
-    from app.cmd_train import train_run
+    from app.pipeline import train_run
     from training.checkpoint import model_from_checkpoint
     from training.models import glove
 
@@ -184,7 +184,7 @@ def test_model_rebuilds_from_checkpoint_without_glove(tmp_path, monkeypatch):
 def test_sbert_caption_encoder_frozen_and_partial(tmp_path, layers):
     """The sentence-transformers caption encoder: frozen (embeddings cached, not saved in the
     checkpoint) or with its top layer fine-tuned (saved), with FNE image features and linear heads."""
-    from app.cmd_train import train_run
+    from app.pipeline import train_run
     from training.checkpoint import model_from_checkpoint
 
     extra = ["model.text_encoder=sbert", f"model.sbert_train_layers={layers}", "model.image_features=fne",

@@ -1,5 +1,5 @@
-"""The UI's event handlers (ui/handlers.py) on two tiny trained models, without a browser, and the
-Blocks app's construction (ui/blocks.py)."""
+"""The UI's tabs (ui/tabs/*.py) and rendering (ui/render.py) on two tiny trained models, without a
+browser, and the Blocks app (ui/app.py): its tabs, and events wired to the right inputs and outputs."""
 from __future__ import annotations
 
 import json
@@ -10,10 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from app.service import SearchService
-from ui import handlers as h
+from app.api.routers.deps import thumbnail_url
+from search import SearchError, SearchService
+from ui import inputs, render
+from ui.tabs import compare as cmp
+from ui.tabs import explorer as ex
+from ui.tabs import search as srch
+from ui.tabs import training as trn
 
-THUMBS = h.url_thumbs()
+
+def THUMBS(image_id: int, model: str | None, size: int) -> str:
+    return thumbnail_url(image_id, model or "", size)
 
 
 @pytest.fixture(scope="module")
@@ -47,48 +54,48 @@ def n_class(html: str, cls: str) -> int:
 
 # ---- Search ------------------------------------------------------------------------------------
 def test_text_search_with_dataset_caption_marks_ground_truth(svc, caption):
-    html = h.search_text(svc, "bl", caption["text"], caption, 10, THUMBS)
+    html = srch.search_text(svc, "bl", caption["text"], caption, 10, THUMBS)
     n_images = svc.model_info("bl")["counts"]["images"]
     assert html.count('<figure class="ltd-card') == min(10, n_images)
     assert n_class(html, "ltd-card gt") == 1  # one ground-truth image per caption
     assert n_class(html, "ltd-card miss") == min(10, n_images) - 1
     assert f"dataset caption #{caption['id']}" in html
     assert "1st GT rank" in html and "P@" in html and "nDCG@" in html
-    assert f"/api/images/{caption['image_id']}/thumbnail?size=" in html  # ground truth shown in the banner
+    assert f"/api/images/{caption['image_id']}/thumbnail?" in html  # ground truth shown in the banner
 
 
 def test_text_search_free_text_has_no_ground_truth(svc):
-    html = h.search_text(svc, "ltd", "a red square on a striped background", None, 5, THUMBS)
+    html = srch.search_text(svc, "ltd", "a red square on a striped background", None, 5, THUMBS)
     assert html.count('<figure class="ltd-card neutral"') == 5
     assert "ltd-card gt" not in html and "ltd-card miss" not in html
     assert "free text" in html and "no ground truth" in html
 
 
 def test_edited_caption_becomes_free_text(svc, caption):
-    assert h.text_query(caption["text"], caption) == {"caption_id": caption["id"]}
-    assert h.text_query("  " + caption["text"].upper() + "  ", caption) == {"query": caption["text"].upper()}
-    assert h.text_query(caption["text"] + " ", caption) == {"caption_id": caption["id"]}
+    assert inputs.text_query(caption["text"], caption) == {"caption_id": caption["id"]}
+    assert inputs.text_query("  " + caption["text"].upper() + "  ", caption) == {"query": caption["text"].upper()}
+    assert inputs.text_query(caption["text"] + " ", caption) == {"caption_id": caption["id"]}
 
 
 @pytest.mark.parametrize("text", ["", "   ", None])
 def test_empty_text_query_gives_a_message(svc, text):
-    html = h.search_text(svc, "bl", text, None, 10, THUMBS)
+    html = srch.search_text(svc, "bl", text, None, 10, THUMBS)
     assert "ltd-error" in html and "Type a query" in html
     assert "Traceback" not in html
 
 
 def test_query_text_is_escaped(svc):
-    html = h.search_text(svc, "bl", '<script>alert("x")</script> dog', None, 3, THUMBS)
+    html = srch.search_text(svc, "bl", '<script>alert("x")</script> dog', None, 3, THUMBS)
     assert "<script>" not in html and "&lt;script&gt;" in html
 
 
 def test_image_search_by_dataset_id_marks_ground_truth_captions(svc, caption):
-    html = h.search_image(svc, "bl", caption["image_id"], None, 10, THUMBS)
+    html = srch.search_image(svc, "bl", caption["image_id"], None, 10, THUMBS)
     assert html.count('<li class="ltd-cap') == 10
     assert n_class(html, "ltd-cap gt") >= 1
     assert f"dataset image #{caption['image_id']}" in html
     assert "ground-truth captions" in html  # the query's own captions are listed
-    same = h.search_image(svc, "bl", str(caption["image_id"]), None, 10, THUMBS)  # a textbox value
+    same = srch.search_image(svc, "bl", str(caption["image_id"]), None, 10, THUMBS)  # a textbox value
     assert re.sub(r"\d+ ms", "", same) == re.sub(r"\d+ ms", "", html)
 
 
@@ -109,7 +116,7 @@ def upload_dir():
 def test_image_search_by_upload(svc, tiny_index_pair, upload_dir, caption):
     path = upload_dir / "photo.jpg"
     path.write_bytes(svc.image_path(caption["image_id"], "bl").read_bytes())
-    html = h.search_image(svc, "bl", None, str(path), 5, THUMBS)
+    html = srch.search_image(svc, "bl", None, str(path), 5, THUMBS)
     assert html.count('<li class="ltd-cap neutral"') == 5
     assert "uploaded image" in html and "data:image/jpeg;base64," in html  # a preview of the upload
 
@@ -123,9 +130,9 @@ def test_only_files_uploaded_through_the_ui_are_read(svc, caption, upload_dir, t
     big = upload_dir / "big.png"
     big.write_bytes(b"\x89PNG\r\n\x1a\n" + b"0" * 2048)
     for p in (outside, "/etc/passwd", "/dev/zero", link, upload_dir):
-        html = h.search_image(svc, "bl", None, str(p), 5, THUMBS)
+        html = srch.search_image(svc, "bl", None, str(p), 5, THUMBS)
         assert "only images uploaded through this page" in html, p
-    assert "exceeds the limit of 1,000 bytes" in h.search_image(svc, "bl", None, str(big), 5, THUMBS, max_bytes=1000)
+    assert "exceeds the limit of 1,000 bytes" in srch.search_image(svc, "bl", None, str(big), 5, THUMBS, max_bytes=1000)
 
 
 @pytest.mark.parametrize("image_id, upload, message", [
@@ -135,7 +142,7 @@ def test_only_files_uploaded_through_the_ui_are_read(svc, caption, upload_dir, t
     ("", None, "Pick a dataset image"),
 ])
 def test_image_search_bad_input_gives_a_message(svc, image_id, upload, message):
-    html = h.search_image(svc, "bl", image_id, upload, 10, THUMBS)
+    html = srch.search_image(svc, "bl", image_id, upload, 10, THUMBS)
     assert "ltd-error" in html and message in html
     assert "Traceback" not in html
 
@@ -146,85 +153,81 @@ def test_bad_and_empty_uploads_give_a_message(svc, upload_dir):
     empty = upload_dir / "empty.png"
     empty.write_bytes(b"")
     for p in (bad, empty):
-        html = h.search_image(svc, "bl", None, str(p), 10, THUMBS)
+        html = srch.search_image(svc, "bl", None, str(p), 10, THUMBS)
         assert "ltd-error" in html, html
         assert "Traceback" not in html
-    assert "empty" in h.search_image(svc, "bl", None, str(empty), 10, THUMBS)
+    assert "empty" in srch.search_image(svc, "bl", None, str(empty), 10, THUMBS)
 
 
 def test_unknown_model_gives_a_message(svc):
-    html = h.search_text(svc, "nope", "a dog", None, 10, THUMBS)
+    html = srch.search_text(svc, "nope", "a dog", None, 10, THUMBS)
     assert "ltd-error" in html and "unknown model" in html
 
 
 def test_random_caption_and_examples(svc):
-    c = h.random_caption(svc, "bl", seed=1)
+    c = inputs.random_caption(svc, "bl", seed=1)
     assert set(c) >= {"id", "text", "image_id"}
-    assert h.random_caption(svc, "bl", seed=1) == c  # deterministic with a seed
-    assert h.random_caption(svc, "bl", seed=1, exclude=c["id"])["id"] != c["id"]
-    ex = h.example_captions(svc, "bl", n=5)
+    assert inputs.random_caption(svc, "bl", seed=1) == c  # deterministic with a seed
+    assert inputs.random_caption(svc, "bl", seed=1, exclude=c["id"])["id"] != c["id"]
+    ex = inputs.example_captions(svc, "bl", n=5)
     assert len(ex) == 5 and len({e["id"] for e in ex}) == 5
 
 
 def test_image_picker_gives_thumbnail_files(svc, tmp_path, monkeypatch):
-    monkeypatch.setattr(h, "THUMB_DIR", tmp_path / "thumbs")
-    items, ids = h.image_picker(svc, "bl", n=4, seed=0)
+    monkeypatch.setattr(svc.thumbnails, "folder", tmp_path / "thumbs")
+    items, ids = inputs.image_picker(svc, "bl", n=4, seed=0)
     assert 1 <= len(items) <= 4 and len(ids) == len(items)
     for (path, label), i in zip(items, ids):
         assert label == f"#{i}"
         assert open(path, "rb").read(2) == b"\xff\xd8"  # JPEG
-
-
-def test_thumbnail_sources():
-    assert h.url_thumbs()(7, "my model", 128) == "/api/images/7/thumbnail?size=128&model=my%20model"
-    assert h.url_thumbs("/x/{id}.jpg?m={model}")(3, "bl", 64) == "/x/3.jpg?m=bl"
+        assert Path(path).parent == tmp_path / "thumbs"
 
 
 def test_inline_thumbnails(svc, caption):
-    src = h.inline_thumbs(svc)(caption["image_id"], "bl", 64)
+    src = render.inline_thumbs(svc)(caption["image_id"], "bl", 64)
     assert src.startswith("data:image/jpeg;base64,")
-    assert h.inline_thumbs(svc)(999_999, "bl", 64) == ""
+    assert render.inline_thumbs(svc)(999_999, "bl", 64) == ""
 
 
 # ---- Compare -----------------------------------------------------------------------------------
 def test_compare_dataset_caption_side_by_side(svc, caption):
-    html = h.compare_text(svc, "bl", "ltd", caption["text"], caption, 5, THUMBS)
+    html = cmp.compare_text(svc, "bl", "ltd", caption["text"], caption, 5, THUMBS)
     heads = re.findall(r'<div class="ltd-col-head ltd-m\d"><h3>([^<]+)</h3>', html)
     assert heads == ["bl", "ltd"]
     assert html.count('<section class="ltd-col">') == 2
     assert html.count("1st GT rank") == 2  # metrics per model
     out = svc.compare(["bl", "ltd"], caption_id=caption["id"], k=5)
-    assert f"<b>{out['overlap']}</b> of top-5 shared" in html
+    assert f"<b>{out.overlap}</b> of top-5 shared" in html
     # every card of a model that the other did not retrieve carries the ◆ marker
-    assert html.count('class="ltd-only"') == 2 * 5 - 2 * out["overlap"]
+    assert html.count('class="ltd-only"') == 2 * 5 - 2 * out.overlap
 
 
 def test_compare_dataset_image(svc, caption):
-    html = h.compare_image(svc, "bl", "ltd", caption["image_id"], None, 10, THUMBS)
+    html = cmp.compare_image(svc, "bl", "ltd", caption["image_id"], None, 10, THUMBS)
     assert html.count('<section class="ltd-col">') == 2
     assert html.count('<li class="ltd-cap') == 20
     assert "ground-truth caption" in html
 
 
 def test_compare_free_text_has_no_ground_truth(svc):
-    html = h.compare_text(svc, "bl", "ltd", "two big shapes", None, 5, THUMBS)
+    html = cmp.compare_text(svc, "bl", "ltd", "two big shapes", None, 5, THUMBS)
     assert html.count("no ground truth for this query") == 2
     assert "ltd-card gt" not in html
 
 
 def test_compare_messages(svc, one):
-    assert "Type a query" in h.compare_text(svc, "bl", "ltd", " ", None, 10, THUMBS)
-    assert "two different models" in h.compare_text(svc, "bl", "bl", "a dog", None, 10, THUMBS)
-    assert "Pick a dataset image" in h.compare_image(svc, "bl", "ltd", None, None, 10, THUMBS)
-    msg = h.compare_text(one, "bl", "bl", "a dog", None, 10, THUMBS)
+    assert "Type a query" in cmp.compare_text(svc, "bl", "ltd", " ", None, 10, THUMBS)
+    assert "two different models" in cmp.compare_text(svc, "bl", "bl", "a dog", None, 10, THUMBS)
+    assert "Pick a dataset image" in cmp.compare_image(svc, "bl", "ltd", None, None, 10, THUMBS)
+    msg = cmp.compare_text(one, "bl", "bl", "a dog", None, 10, THUMBS)
     assert "needs two models" in msg and "ltd serve" in msg
 
 
 # ---- Explorer ----------------------------------------------------------------------------------
 def test_explorer_sorted_by_disagreement(svc):
-    table, rows, summary = h.explorer(svc, "bl", "ltd")
+    table, rows, summary = ex.explorer(svc, "bl", "ltd")
     assert len(table) == len(rows) > 0
-    assert len(table[0]) == len(h.explorer_headers("bl", "ltd"))
+    assert len(table[0]) == len(ex.explorer_headers("bl", "ltd"))
     dis = [r["disagreement"] for r in rows]
     assert dis == sorted(dis, reverse=True)
     assert "ranks the ground truth higher" in summary
@@ -234,43 +237,43 @@ def test_explorer_sorted_by_disagreement(svc):
 
 @pytest.mark.parametrize("direction", ["t2i", "i2t"])
 def test_explorer_direction_filter(svc, direction):
-    table, rows, _ = h.explorer(svc, "bl", "ltd", direction=direction)
+    table, rows, _ = ex.explorer(svc, "bl", "ltd", direction=direction)
     assert rows and all(r["direction"] == direction for r in rows)
     assert all(t[0] == direction for t in table)
 
 
 @pytest.mark.parametrize("winner, name", [("a", "bl"), ("b", "ltd"), ("tie", "tie")])
 def test_explorer_winner_filter(svc, winner, name):
-    table, rows, _ = h.explorer(svc, "bl", "ltd", winner=winner)
+    table, rows, _ = ex.explorer(svc, "bl", "ltd", winner=winner)
     assert all(r["winner"] == winner for r in rows)
     assert all(t[9] == name for t in table)
 
 
 def test_explorer_limit_and_thumbnails(svc):
-    table, rows, summary = h.explorer(svc, "bl", "ltd", direction="i2t", limit=2, thumbs=THUMBS)
+    table, rows, summary = ex.explorer(svc, "bl", "ltd", direction="i2t", limit=2, thumbs=THUMBS)
     assert len(rows) == 2 and "showing 2" in summary
     assert all(t[2].startswith('<span class="ltd-xq"><img src="/api/images/') for t in table)
 
 
 def test_explorer_click_maps_to_compare_query(svc):
-    table, rows, _ = h.explorer(svc, "bl", "ltd")
+    table, rows, _ = ex.explorer(svc, "bl", "ltd")
     t2i = next(i for i, r in enumerate(rows) if r["direction"] == "t2i")
     i2t = next(i for i, r in enumerate(rows) if r["direction"] == "i2t")
-    q = h.explorer_pick(rows, [t2i, 2], None)
+    q = ex.explorer_pick(rows, [t2i, 2], None)
     assert q == {"direction": "t2i", "caption_id": rows[t2i]["query_id"], "text": rows[t2i]["query"]}
     assert svc.caption("bl", q["caption_id"])["text"] == q["text"]
-    assert h.explorer_pick(rows, i2t) == {"direction": "i2t", "image_id": rows[i2t]["query_id"]}
+    assert ex.explorer_pick(rows, i2t) == {"direction": "i2t", "image_id": rows[i2t]["query_id"]}
     # the clicked row's values win over its index (the browser may have re-sorted the table)
-    assert h.explorer_pick(rows, [0, 0], table[i2t]) == {"direction": "i2t", "image_id": rows[i2t]["query_id"]}
-    with pytest.raises(h.ServiceError):
-        h.explorer_pick(rows, len(rows) + 5)
+    assert ex.explorer_pick(rows, [0, 0], table[i2t]) == {"direction": "i2t", "image_id": rows[i2t]["query_id"]}
+    with pytest.raises(SearchError):
+        ex.explorer_pick(rows, len(rows) + 5)
     # and the compare it opens runs
-    html = h.compare(svc, "bl", "ltd", {"caption_id": q["caption_id"]}, 10, THUMBS)
+    html = cmp.compare(svc, "bl", "ltd", {"caption_id": q["caption_id"]}, 10, THUMBS)
     assert html.count('<section class="ltd-col">') == 2
 
 
 def test_explorer_with_one_model(one):
-    table, rows, summary = h.explorer(one, "bl", "bl")
+    table, rows, summary = ex.explorer(one, "bl", "bl")
     assert table == [] and rows == [] and "needs two models" in summary
 
 
@@ -320,17 +323,17 @@ def test_plot_runs_still_works(tiny_index_pair, tmp_path):
 
 
 def test_training_figure_for_loaded_models(svc):
-    fig, msg = h.training_figure(svc, ["bl", "ltd"])
+    fig, msg = trn.training_figure(svc, ["bl", "ltd"])
     assert isinstance(fig, matplotlib.figure.Figure) and msg == ""
     lam, rec, con, val = fig.axes
     assert [ln.get_label() for ln in val.lines] == ["bl", "ltd (η=0.5)"]
     assert any(ln.get_linestyle() == "--" for ln in rec.lines)  # the η line of the LTD run
-    fig2, msg2 = h.training_figure(svc, [])
+    fig2, msg2 = trn.training_figure(svc, [])
     assert fig2 is None and "Select at least one model" in msg2
 
 
 def test_report_table(svc):
-    headers, rows = h.report_table(svc)
+    headers, rows = trn.report_table(svc)
     assert headers[:2] == ["model", "loss"]
     for col in ("i2t R@1", "i2t R@5", "i2t R@10", "t2i R@1", "t2i R@5", "t2i R@10", "rsum", "i2t R-P", "t2i R-P"):
         assert col in headers
@@ -344,33 +347,68 @@ def test_report_table(svc):
 
 # ---- models loading / one model / the Blocks app -----------------------------------------------
 def test_not_ready_service_says_models_are_loading(loading):
-    assert "loading" in h.header_html(loading)
-    assert "ltd-loading" in h.loading_state(loading)
-    html = h.search_text(loading, "bl", "a dog", None, 10, THUMBS)
+    assert "loading" in render.header_html(loading)
+    assert "ltd-loading" in render.loading_state(loading)
+    html = srch.search_text(loading, "bl", "a dog", None, 10, THUMBS)
     assert "still loading" in html and "Traceback" not in html
-    _, _, summary = h.explorer(loading, "bl", "ltd")
+    _, _, summary = ex.explorer(loading, "bl", "ltd")
     assert "still loading" in summary
 
 
 def test_header_lists_models_with_rsum(svc):
-    html = h.header_html(svc)
+    html = render.header_html(svc)
     for name in ("bl", "ltd"):
         assert f'<span class="ltd-chip-name">{name}</span>' in html
         assert f"<b>{svc.model_info(name)['eval']['rsum']:.1f}</b> rsum" in html
     assert "η = 0.5" in html and "test split" in html
 
 
-def test_build_ui(svc, one, loading):
+def _dependency(blocks, api_name: str):
+    cfg = blocks.get_config_file()
+    dep = next(d for d in cfg["dependencies"] if d.get("api_name") == api_name)
+    by_id = {c["id"]: c for c in cfg["components"]}
+    elem = [by_id[i].get("props", {}).get("elem_id") for i in dep["inputs"]]
+    out = [by_id[i].get("props", {}).get("elem_id") for i in dep["outputs"]]
+    return dep, elem, out, blocks.fns[dep["id"]].fn
+
+
+def test_build_ui_has_its_tabs_and_wires_each_event(svc, caption):
+    """Each tab is there, and its main events take the inputs and fill the outputs they should: the
+    function behind the Search button, called with the values the page would send, fills the
+    search results; the Compare button's, the compare panel; the Explorer's row click opens Compare."""
+    from ui.app import UILimits, build_ui
+
+    blocks = build_ui(svc, limits=UILimits(max_upload_bytes=1234, max_query_chars=77), thumb_url=THUMBS)
+    cfg = blocks.get_config_file()
+    tabs = {c["props"].get("elem_id") for c in cfg["components"] if c["type"] == "tabitem"}
+    assert tabs == {"tab-search", "tab-compare", "tab-explorer", "tab-training"}
+    box = next(c for c in cfg["components"] if c.get("props", {}).get("elem_id") == "search-text")
+    assert box["props"]["max_length"] == 77  # the server's query limit reaches the UI
+    dep, ins, outs, fn = _dependency(blocks, "run_text")
+    assert ins[1] == "search-text" and outs == ["search-text-results"]
+    html = fn("bl", caption["text"], caption, 5)
+    assert html.count('<figure class="ltd-card') == 5 and "ltd-card gt" in html
+    dep, ins, outs, fn = _dependency(blocks, "cmp_text")
+    assert "compare-text" in ins and outs == ["compare-results"]
+    assert fn("bl", "ltd", caption["text"], caption, 5).count('<section class="ltd-col">') == 2
+    dep, ins, outs, fn = _dependency(blocks, "upload_image")
+    assert fn("bl", "/etc/passwd", 5)[1].count("only images uploaded through this page") == 1
+    dep, ins, outs, _ = _dependency(blocks, "open_in_compare")
+    by_id = {c["id"]: c for c in cfg["components"]}
+    assert [by_id[t].get("props", {}).get("elem_id") for t, _ in dep["targets"]] == ["explorer-table"]
+    assert "compare-results" in outs and "ltd-tabs" in outs  # a click fills Compare and switches to it
+
+
+def test_build_ui_with_one_model_or_while_loading(one, loading):
     import gradio as gr
 
-    from ui.blocks import build_ui
+    from ui.app import build_ui
     from ui.theme import CSS, THEME
 
-    for s in (svc, one, loading):
-        demo = build_ui(s)
-        assert isinstance(demo, gr.Blocks)
+    for s in (one, loading):
+        assert isinstance(build_ui(s), gr.Blocks)
     assert isinstance(THEME, gr.themes.ThemeClass) and ".ltd-card.gt" in CSS
-    assert isinstance(build_ui(svc, thumbs="inline"), gr.Blocks)
+    assert "needs two models" in str(build_ui(one).get_config_file())
 
 
 def test_mounted_ui_serves_the_page(svc):
@@ -378,10 +416,10 @@ def test_mounted_ui_serves_the_page(svc):
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from ui.blocks import build_ui
+    from ui.app import build_ui
     from ui.theme import CSS, THEME
 
-    app = gr.mount_gradio_app(FastAPI(), build_ui(svc), path="/ui", theme=THEME, css=CSS)
+    app = gr.mount_gradio_app(FastAPI(), build_ui(svc, thumb_url=THUMBS), path="/ui", theme=THEME, css=CSS)
     with TestClient(app) as client:
         r = client.get("/ui/")
         assert r.status_code == 200 and "LTD retrieval" in r.text

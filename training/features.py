@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from tqdm.auto import tqdm
+from training.progress import progress
 
 from training.fsio import write_json_atomic
 from training.data.images import ImageError, Preprocess, load_image
@@ -155,7 +155,7 @@ def extract_features(
             batch_size=max(1, batch_size // n_views), num_workers=workers, collate_fn=_collate,
             persistent_workers=False, prefetch_factor=4 if workers else None,
         )
-        bar = tqdm(total=n, initial=n - len(todo), desc=desc, unit="img", disable=not show_progress)
+        bar = progress(n, initial=n - len(todo), desc=desc, unit="img", disable=not show_progress)
         for idx, x, bad in loader:
             if x is not None:
                 out = backbone.extract(x.to(device)).reshape(len(idx), n_views, -1)

@@ -19,6 +19,7 @@ import torch
 
 from training.features import default_cache_dir
 from training.fsio import save_npy_atomic
+from training.progress import bars
 from training.models.backbones import cpu_bf16_fast
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ def compute_targets(
            else torch.autocast("cpu", enabled=False))
     with ctx:
         emb = model.encode(list(texts), batch_size=batch_size, convert_to_numpy=True,
-                           show_progress_bar=show_progress, normalize_embeddings=False)
+                           show_progress_bar=bars(show_progress), normalize_embeddings=False)
     emb = np.asarray(emb, dtype=np.float32)
     save_npy_atomic(out, emb)
     log.info("LTD targets: %d captions → %s (%s)", len(texts), out, path.name)

@@ -124,6 +124,27 @@ def _require(obj: dict, key: str, where: str) -> object:
     return obj[key]
 
 
+def _parse_captions(sents: list, where: str, img_id: int, has_imgid: bool, image_index: int,
+                    captions: list[CaptionRecord]) -> list[int]:
+    """Validate one image's sentences and append them to ``captions``; their indices."""
+    cap_idx = []
+    for s_pos, s in enumerate(sents):
+        raw = _require(s, "raw", f"{where}.sentences[{s_pos}]")
+        if not isinstance(raw, str):
+            raise DatasetError(f"{where}.sentences[{s_pos}]: 'raw' must be a string")
+        if "imgid" in s and has_imgid and int(s["imgid"]) != img_id:
+            raise DatasetError(
+                f"{where}.sentences[{s_pos}]: caption belongs to imgid {s['imgid']}, "
+                f"but is listed under image {img_id} (caption for an unknown/other image)"
+            )
+        c_index = len(captions)
+        captions.append(CaptionRecord(index=c_index, id=int(s.get("sentid", c_index)), image_index=image_index,
+                                      raw=raw.strip(), tokens=tuple(tokenize(raw)),
+                                      annid=int(s["annid"]) if "annid" in s else None))
+        cap_idx.append(c_index)
+    return cap_idx
+
+
 def parse_karpathy(
     data: dict,
     *,
@@ -158,28 +179,7 @@ def parse_karpathy(
             if drop_missing:
                 continue
         index = len(images)
-        cap_idx = []
-        for s_pos, s in enumerate(sents):
-            raw = _require(s, "raw", f"{where}.sentences[{s_pos}]")
-            if not isinstance(raw, str):
-                raise DatasetError(f"{where}.sentences[{s_pos}]: 'raw' must be a string")
-            if "imgid" in s and "imgid" in im and int(s["imgid"]) != img_id:
-                raise DatasetError(
-                    f"{where}.sentences[{s_pos}]: caption belongs to imgid {s['imgid']}, "
-                    f"but is listed under image {img_id} (caption for an unknown/other image)"
-                )
-            c_index = len(captions)
-            captions.append(
-                CaptionRecord(
-                    index=c_index,
-                    id=int(s.get("sentid", c_index)),
-                    image_index=index,
-                    raw=raw.strip(),
-                    tokens=tuple(tokenize(raw)),
-                    annid=int(s["annid"]) if "annid" in s else None,
-                )
-            )
-            cap_idx.append(c_index)
+        cap_idx = _parse_captions(sents, where, img_id, "imgid" in im, index, captions)
         images.append(
             ImageRecord(
                 index=index,

@@ -12,10 +12,17 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import FileResponse
 
-from app.routers.deps import COMMON_ERRORS, errors, get_service, get_settings, image_url, thumbnail_url
-from app.schemas import MAX_ID, CaptionInfo
-from app.service import NotFound, SearchService
-from app.settings import Settings
+from app.api.routers.deps import (
+    COMMON_ERRORS,
+    errors,
+    get_service,
+    get_settings,
+    image_url,
+    thumbnail_url,
+)
+from app.api.schemas import MAX_ID, CaptionInfo
+from app.api.settings import Settings
+from search import NotFound, SearchService
 
 router = APIRouter(prefix="/api", tags=["dataset"])
 Service = Annotated[SearchService, Depends(get_service)]
@@ -78,8 +85,8 @@ async def get_caption(caption_id: Annotated[int, Path(ge=0, le=MAX_ID, descripti
     """A dataset caption and the image it describes (searched in every model's index unless ``model``)."""
     if model is not None:
         return _caption_info(svc, model, caption_id)
-    for name in svc.names:
-        svc.get(name)
+    svc.get(None)  # 503 while nothing is loaded yet
+    for name in list(svc.entries):
         try:
             return _caption_info(svc, name, caption_id)
         except NotFound:

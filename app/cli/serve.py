@@ -41,8 +41,8 @@ class NoDelayHTTPProtocol(AutoHTTPProtocol):
         super().connection_made(transport)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve the REST API (/api, docs at /docs) and the UI (/ui)",
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("serve", parents=[common], help="serve the REST API (/api, docs at /docs) and the UI (/ui)",
                        description="Serve named models: each --model NAME=INDEX_DIR is an index directory built "
                                    "by `ltd index`, whose manifest names the checkpoint that built it.")
     p.add_argument("--model", action="append", default=[], metavar="NAME=INDEX_DIR[@CHECKPOINT]",
@@ -187,7 +187,7 @@ def serve(settings, *, host: str = "127.0.0.1", port: int = 8000, service=None, 
     SearchService (one process only)."""
     import uvicorn
 
-    from app.main import apply_thread_settings, create_app
+    from app.api.main import apply_thread_settings, create_app
 
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}")
@@ -196,14 +196,14 @@ def serve(settings, *, host: str = "127.0.0.1", port: int = 8000, service=None, 
     sock = bind_socket(host, port)
     limit_heap_retention()
     kw = dict(access_log=access_log, log_level=log_level, timeout_graceful_shutdown=5,
-              http="app.cmd_serve:NoDelayHTTPProtocol")
+              http="app.cli.serve:NoDelayHTTPProtocol")
     if workers > 1:
-        # Worker processes rebuild the app from LTD_* variables (app.main.create_app_from_env).
+        # Worker processes rebuild the app from LTD_* variables (app.api.main.create_app_from_env).
         for key, value in settings.model_dump(mode="json").items():
             if value is not None:
                 os.environ[f"LTD_{key.upper()}"] = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
         _print_urls(host, port, settings.ui)
-        config = uvicorn.Config("app.main:create_app_from_env", factory=True, workers=workers, **kw)
+        config = uvicorn.Config("app.api.main:create_app_from_env", factory=True, workers=workers, **kw)
         from uvicorn.supervisors import Multiprocess
 
         Multiprocess(config, target=uvicorn.Server(config).run, sockets=[sock]).run()
@@ -237,7 +237,7 @@ def _print_urls(host: str, port: int, ui: bool) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from app.settings import Settings
+    from app.api.settings import Settings
 
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")

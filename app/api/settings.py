@@ -10,6 +10,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from search import SearchConfig, SearchService
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LTD_", extra="ignore")
@@ -59,3 +61,16 @@ class Settings(BaseSettings):
     text_quantize: bool = False
     thumb_cache: int = Field(2048, ge=0)  # thumbnails kept in memory (LRU)
     image_cache_seconds: int = Field(3600, ge=0)  # Cache-Control max-age of images and thumbnails
+
+    def search_config(self) -> SearchConfig:
+        """The search service's part of these settings."""
+        return SearchConfig(device=self.device, max_k=self.max_k, max_query_chars=self.max_query_chars,
+                            max_upload_pixels=self.max_upload_pixels,
+                            max_concurrent_decodes=self.max_concurrent_decodes, thumb_cache=self.thumb_cache,
+                            text_cache=self.text_cache, text_batching=self.text_batching,
+                            max_text_batch=self.max_text_batch, text_quantize=self.text_quantize,
+                            verify_index=self.verify_index)
+
+    def search_service(self) -> SearchService:
+        """A (not yet loaded) search service for these settings' models."""
+        return SearchService(self.models, checkpoints=self.checkpoints, config=self.search_config())

@@ -5,8 +5,8 @@ import argparse
 from pathlib import Path
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("experiment", help="run a resumable grid of train → index → eval (seeds, sweeps, shortcuts)")
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("experiment", parents=[common], help="run a resumable grid of train → index → eval (seeds, sweeps, shortcuts)")
     p.add_argument("--config", required=True, help="grid YAML (see app/experiment.py and grids/*.yaml)")
     p.add_argument("--out", help="output folder (default experiments/<grid name>)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -11,9 +11,9 @@ from urllib.parse import quote
 from fastapi import Request, Response
 from pydantic import BaseModel
 
-from app.schemas import ErrorResponse
-from app.service import SearchService
-from app.settings import Settings
+from app.api.schemas import ErrorResponse
+from app.api.settings import Settings
+from search import SearchService
 
 
 async def get_service(request: Request) -> SearchService:

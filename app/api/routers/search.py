@@ -15,12 +15,33 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 
-from app.routers.deps import COMMON_ERRORS, errors, get_service, get_settings, image_url, json_model, thumbnail_url
-from app.schemas import (COMPARE_UPLOAD_FORM, IMAGE_UPLOAD_FORM, K, CaptionHit, CompareRequest, CompareResponse,
-                         ImageHit, ImageSearchRequest, ImageSearchResponse, ModelName, QueryInfo, QueryMetrics,
-                         TextSearchRequest, TextSearchResponse)
-from app.service import SearchResult, SearchService
-from app.settings import Settings
+from app.api.routers.deps import (
+    COMMON_ERRORS,
+    errors,
+    get_service,
+    get_settings,
+    image_url,
+    json_model,
+    thumbnail_url,
+)
+from app.api.schemas import (
+    COMPARE_UPLOAD_FORM,
+    IMAGE_UPLOAD_FORM,
+    CaptionHit,
+    CompareRequest,
+    CompareResponse,
+    ImageHit,
+    ImageSearchRequest,
+    ImageSearchResponse,
+    K,
+    ModelName,
+    QueryInfo,
+    QueryMetrics,
+    TextSearchRequest,
+    TextSearchResponse,
+)
+from app.api.settings import Settings
+from search import SearchResult, SearchService
 
 router = APIRouter(prefix="/api", tags=["search"])
 Service = Annotated[SearchService, Depends(get_service)]
@@ -201,9 +222,7 @@ def compare(q: Annotated[CompareQuery, Depends(compare_query)], svc: Service) ->
     (``-F models=bl -F models=ltd``)."""
     out = svc.compare(q.models, query=q.query, caption_id=q.caption_id, image_id=q.image_id, image_bytes=q.data,
                       k=q.k)
-    answer = text_answer if out["direction"] == "t2i" else image_answer
-    a, b = ({h.id for h in r.hits} for r in out["results"])
-    union = len(a | b)
-    return json_model(CompareResponse(direction=out["direction"], k=q.k, models=q.models,
-                                      results=[answer(r, q.k) for r in out["results"]], overlap=out["overlap"],
-                                      overlap_ids=out["overlap_ids"], jaccard=out["overlap"] / union if union else 0.0))
+    answer = text_answer if out.direction == "t2i" else image_answer
+    return json_model(CompareResponse(direction=out.direction, k=q.k, models=q.models,
+                                      results=[answer(r, q.k) for r in out.results], overlap=out.overlap,
+                                      overlap_ids=out.overlap_ids, jaccard=out.jaccard))

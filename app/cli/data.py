@@ -6,17 +6,17 @@ import json
 from pathlib import Path
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("data", help="inspect, generate and convert datasets")
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("data", parents=[common], help="inspect, generate and convert datasets")
     dsub = p.add_subparsers(dest="data_command", required=True, metavar="ACTION")
 
-    q = dsub.add_parser("info", help="splits, counts, caption lengths and missing files of a Karpathy JSON")
+    q = dsub.add_parser("info", parents=[common], help="splits, counts, caption lengths and missing files of a Karpathy JSON")
     q.add_argument("path", help="dataset_*.json (or the folder holding it)")
     q.add_argument("--images-root", help="folder the image paths are relative to")
     q.add_argument("--json", action="store_true", help="print JSON instead of a table")
     q.set_defaults(func=cmd_info)
 
-    q = dsub.add_parser("synth", help="generate the embedded synthetic captioned-scenes dataset")
+    q = dsub.add_parser("synth", parents=[common], help="generate the embedded synthetic captioned-scenes dataset")
     q.add_argument("--out", required=True, help="output folder (images/ + dataset_synthetic.json)")
     q.add_argument("--images", type=int, default=5000)
     q.add_argument("--seed", type=int, default=0)
@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--workers", type=int, default=None)
     q.set_defaults(func=cmd_synth)
 
-    q = dsub.add_parser("convert-coco", help="official COCO caption annotations → Karpathy JSON")
+    q = dsub.add_parser("convert-coco", parents=[common], help="official COCO caption annotations → Karpathy JSON")
     q.add_argument("--captions", action="append", required=True, metavar="FILE",
                    help="captions_*.json (repeatable)")
     q.add_argument("--images-root", required=True, help="folder holding the images named in the files")
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--append", action="store_true", help="add to an existing output JSON (e.g. another split)")
     q.set_defaults(func=cmd_convert_coco)
 
-    q = dsub.add_parser("convert-flickr", help="Flickr8k/30k token files + split lists → Karpathy JSON")
+    q = dsub.add_parser("convert-flickr", parents=[common], help="Flickr8k/30k token files + split lists → Karpathy JSON")
     q.add_argument("--tokens", required=True, help="Flickr8k.token.txt, results_20130124.token or results.csv")
     q.add_argument("--images-root", required=True, help="folder holding the images")
     q.add_argument("--split-file", action="append", default=[], metavar="SPLIT=FILE",

@@ -17,10 +17,10 @@ log = logging.getLogger("ltd.demo")
 PRESETS = {"synthetic": ("synthetic_baseline", "synthetic_ltd"), "karpathy": ("flickr8k_fne_sbert_baseline", "flickr8k_fne_sbert_ltd")}
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    from app.cmd_serve import add_bind_args
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    from app.cli.serve import add_bind_args
 
-    p = sub.add_parser("demo", help="train baseline + LTD, index, evaluate, compare and serve (end to end)")
+    p = sub.add_parser("demo", parents=[common], help="train baseline + LTD, index, evaluate, compare and serve (end to end)")
     p.add_argument("--dataset", help="Karpathy JSON or its folder (default: $LTD_DATA_DIR, else synthetic scenes)")
     p.add_argument("--synthetic", action="store_true", help="use the synthetic scenes even if LTD_DATA_DIR is set")
     p.add_argument("--out", default="demo", help="folder for runs/ and indexes/ (default ./demo)")
@@ -47,15 +47,15 @@ def choose_dataset(args: argparse.Namespace) -> tuple[str, str]:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from app.pipeline import comparison_table, ensure_evaluated, ensure_indexed, ensure_trained
-    from indexer.compare import compare_indexes, to_markdown
+    from indexer.disagreement import compare_indexes, to_markdown
     from training.config import load_config
     from training.prepare import resolve_dataset_path
 
     t0 = time.time()
     progress = not args.no_progress
     if not args.no_serve:  # refuse an accidental exposure now, not after the training
-        from app.cmd_serve import bind_policy
-        from app.settings import Settings
+        from app.cli.serve import bind_policy
+        from app.api.settings import Settings
 
         token = Settings().api_token
         hosts = bind_policy(args.host, args.expose, args.allowed_host, token.get_secret_value() if token else None)
@@ -85,11 +85,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
           f"{root / 'indexes' / 'ltd' / 'report.md'}", flush=True)
     if args.no_serve:
         return 0
-    from app.cmd_serve import serve
-    from app.service import SearchService
+    from app.cli.serve import serve
+    from search import SearchService
 
     models = {n: str(ix.path.resolve()) for n, ix in indexes.items()}
-    service = SearchService(models)
+    service = SearchService(models, config=Settings().search_config())
     service.load()
     return serve(Settings(models=models, load_in_background=False, allowed_hosts=hosts), host=args.host,
                  port=args.port, service=service)

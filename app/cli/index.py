@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("index", help="embed a dataset split or a corpus into FAISS indexes")
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("index", parents=[common], help="embed a dataset split or a corpus into FAISS indexes")
     p.add_argument("--checkpoint", required=True, help="best.pt / checkpoint.pt of a run")
     p.add_argument("--out", required=True, help="index directory to write")
     p.add_argument("--dataset", help="Karpathy JSON (or its folder) — with --split, indexes a split with ground truth")
@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_index)
 
-    q = sub.add_parser("eval", help="R@k, R-precision and nDCG of an index → report.json + report.md")
+    q = sub.add_parser("eval", parents=[common], help="R@k, R-precision and nDCG of an index → report.json + report.md")
     q.add_argument("--index", required=True, help="index directory")
     q.add_argument("--relevance", default="rougeL",
                    help="nDCG relevance: rougeL (computed and cached), a TERN-format float32 file, or none")
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--no-progress", action="store_true")
     q.set_defaults(func=cmd_eval)
 
-    c = sub.add_parser("compare", help="per-query disagreement table between two models on the same split")
+    c = sub.add_parser("compare", parents=[common], help="per-query disagreement table between two models on the same split")
     c.add_argument("--index", action="append", required=True, help="two index directories: A then B")
     c.add_argument("--top", type=int, default=20, help="rows in the markdown table")
     c.add_argument("--direction", choices=("both", "t2i", "i2t"), default="both")
@@ -82,7 +82,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from indexer.compare import compare_indexes, to_csv, to_markdown
+    from indexer.disagreement import compare_indexes, to_csv, to_markdown
     from indexer.index import load_index_dir
 
     if len(args.index) != 2:

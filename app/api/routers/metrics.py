@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
-from app.prom import CONTENT_TYPE, Registry
-from app.service import SearchService
+from app.api.prom import CONTENT_TYPE, Registry
+from search import SearchService
 
 router = APIRouter(tags=["ops"])
 

@@ -6,9 +6,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path
 from fastapi.responses import JSONResponse
 
-from app.routers.deps import COMMON_ERRORS, errors, get_service
-from app.schemas import HealthResponse, ModelInfo
-from app.service import SearchService
+from app.api.routers.deps import COMMON_ERRORS, errors, get_service
+from app.api.schemas import HealthResponse, ModelInfo
+from search import SearchService
 
 router = APIRouter(prefix="/api", tags=["service"])
 Service = Annotated[SearchService, Depends(get_service)]

@@ -9,8 +9,8 @@ from pathlib import Path
 log = logging.getLogger("ltd.train")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a dual encoder (baseline, LTD or ITD)")
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("train", parents=[common], help="train a dual encoder (baseline, LTD or ITD)")
     p.add_argument("--config", help="YAML file or preset name (see --list-presets); default: synthetic baseline")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set loss.eta=0.15 (repeatable)")
@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=cmd_train)
 
-    q = sub.add_parser("plot", help="training curves (λ, L_rec with η, L_con, val rsum) as PNGs")
+    q = sub.add_parser("plot", parents=[common], help="training curves (λ, L_rec with η, L_con, val rsum) as PNGs")
     q.add_argument("runs", nargs="+", help="run folders (several are overlaid)")
     q.add_argument("--out", help="output folder (default: the first run folder)")
     q.set_defaults(func=cmd_plot)
@@ -32,19 +32,6 @@ def run_name(cfg, config_arg: str | None) -> str:
     return Path(config_arg).stem if config_arg else "synthetic_baseline"
 
 
-def train_run(cfg, out: Path, *, resume: bool = False, show_progress: bool = True):
-    """Prepare data, build the validator from the indexer's metrics, and train. Shared by `ltd train`,
-    `ltd demo` and `ltd experiment`."""
-    from indexer.validation import make_validator
-    from training.loop import pick_device, train
-    from training.prepare import prepare
-
-    data = prepare(cfg, show_progress=show_progress, device=str(pick_device(cfg.train.device)))
-    val_feats = data.image_feats[[im.index for im in data.val.images]].mean(1)
-    validator = make_validator(data.val, data.val_texts, val_feats, max_images=cfg.train.val_max_images)
-    return train(cfg, out, validate=validator, resume=resume, data=data, show_progress=show_progress)
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     from training.config import list_presets, load_config
 
@@ -53,6 +40,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     cfg = load_config(args.config, args.set)
     out = Path(args.out) if args.out else Path("runs") / run_name(cfg, args.config)
+    from app.pipeline import train_run
+
     res = train_run(cfg, out, resume=args.resume, show_progress=not args.no_progress)
     print(json.dumps({"run_dir": str(res.run_dir), "best_val_rsum": round(res.best_rsum, 2),
                       "best_epoch": res.best_epoch, "seconds": round(res.seconds, 1),

@@ -1,0 +1,78 @@
+"""Every error is JSON ``{error, detail}``: the search service's typed errors (mapped to HTTP
+statuses here, the service knows nothing of HTTP), FastAPI's 422 validation errors, Starlette's
+404/405/413, and a catch-all 500 that logs the traceback."""
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from search.errors import (
+    BadRequest,
+    Busy,
+    NotFound,
+    NotReady,
+    SearchError,
+    Unsupported,
+    UnsupportedMediaType,
+)
+
+log = logging.getLogger(__name__)
+
+ERROR_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 406: "not_acceptable",
+               413: "payload_too_large", 415: "unsupported_media_type", 422: "validation_error",
+               500: "internal", 503: "unavailable"}
+
+
+def error_body(status: int, detail: str, error: str | None = None, **extra) -> dict:
+    if error is None:
+        error = ERROR_CODES.get(status) or HTTPStatus(status).phrase.lower().replace(" ", "_").replace("-", "_")
+    return {"error": error, "detail": detail, **{k: v for k, v in extra.items() if v is not None}}
+
+# The search service's errors → (HTTP status, error code).
+SEARCH_ERRORS: dict[type[SearchError], tuple[int, str]] = {
+    BadRequest: (400, "bad_request"), NotFound: (404, "not_found"), NotReady: (503, "not_ready"),
+    Busy: (503, "busy"), Unsupported: (422, "unsupported"), UnsupportedMediaType: (415, "unsupported_media_type")}
+
+
+def status_of(exc: SearchError) -> tuple[int, str]:
+    for cls in type(exc).__mro__:
+        if cls in SEARCH_ERRORS:
+            return SEARCH_ERRORS[cls]
+    return 400, "bad_request"
+
+
+def _issues(errors: list) -> list[dict]:
+    out = []
+    for e in errors:
+        loc = [x if isinstance(x, (str, int)) else str(x) for x in e.get("loc", ())]
+        out.append({"loc": loc, "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))})
+    return out
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(SearchError)
+    async def _search_error(request: Request, exc: SearchError) -> JSONResponse:
+        status, code = status_of(exc)
+        return JSONResponse(error_body(status, exc.detail, code, **exc.extra), status_code=status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        issues = _issues(list(exc.errors()))
+        detail = "; ".join(f"{'.'.join(map(str, i['loc'])) or 'request'}: {i['msg']}" for i in issues)
+        return JSONResponse(error_body(422, detail[:2000] or "invalid request", errors=issues), status_code=422)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse(error_body(500, f"internal server error ({type(exc).__name__}); see the server log"),
+                            status_code=500)

@@ -1,0 +1,95 @@
+"""Request body limits: 413 for a body over the limit of its path, without reading more than the limit.
+
+- the upload endpoints (``/api/search/image``, ``/api/compare``, the UI's ``/ui/gradio_api/upload``):
+  the upload limit plus room for the multipart framing;
+- the rest of the UI (Gradio's queue and API calls carry component values, never files): a few
+  hundred KB;
+- every other route (JSON): 64 KB.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.api.errors import error_body
+from app.api.settings import Settings
+
+UPLOAD_PATHS = ("/api/search/image", "/api/compare", "/ui/gradio_api/upload")
+MULTIPART_OVERHEAD = 64 * 1024  # boundaries, part headers and the small form fields next to the file
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimitMiddleware:
+    """413 for request bodies over the limit of their path, without reading more than the limit.
+
+    A Content-Length over the limit is refused before the body is read; a body that streams past
+    the limit (chunked, or a lying Content-Length) stops the read with an exception, and whatever
+    the app was about to answer is replaced by the 413. ``limit_for(path)`` returns None for no limit.
+    """
+
+    def __init__(self, app: ASGIApp, limit_for: Callable[[str], int | None]):
+        self.app, self.limit_for = app, limit_for
+
+    @staticmethod
+    async def _send_413(send: Send, limit: int) -> None:
+        body = JSONResponse(error_body(413, f"the request body exceeds the limit of {limit:,} bytes"),
+                            status_code=413, headers={"Connection": "close"})
+        await send({"type": "http.response.start", "status": 413, "headers": body.raw_headers})
+        await send({"type": "http.response.body", "body": body.body})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limit = self.limit_for(scope["path"]) if scope["type"] == "http" else None
+        if limit is None:
+            await self.app(scope, receive, send)
+            return
+        length = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
+        if length.isdigit() and int(length) > limit:
+            await self._send_413(send, limit)
+            return
+        total, exceeded, started = 0, False, False
+
+        async def limited_receive() -> Message:
+            nonlocal total, exceeded
+            if exceeded:
+                raise _BodyTooLarge
+            message = await receive()
+            if message["type"] == "http.request":
+                total += len(message.get("body", b""))
+                if total > limit:
+                    exceeded = True
+                    raise _BodyTooLarge
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if exceeded:  # the app answered after the read failed (e.g. FastAPI's 400): answer 413 instead
+                if message["type"] == "http.response.start" and not started:
+                    started = True
+                    await self._send_413(send, limit)
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except _BodyTooLarge:
+            if not started:
+                await self._send_413(send, limit)
+
+
+def body_limits(settings: Settings) -> Callable[[str], int | None]:
+    upload = settings.max_upload_bytes + MULTIPART_OVERHEAD
+
+    def limit_for(path: str) -> int | None:
+        if path.startswith(UPLOAD_PATHS):
+            return upload  # Gradio's upload route also checks each file against max_file_size
+        if path == "/ui" or path.startswith("/ui/"):
+            return settings.max_ui_json_bytes  # the UI's queue and API calls: component values, no files
+        return settings.max_json_bytes
+
+    return limit_for

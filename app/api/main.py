@@ -1,0 +1,168 @@
+"""The FastAPI application: ``create_app(settings, service)``.
+
+- A lifespan handler loads the models and indexes once into the ``SearchService`` held on
+  ``app.state.service`` (in a background thread when ``settings.load_in_background``, so
+  /api/health answers 503 "loading" meanwhile); routers reach it through ``get_service``.
+- Errors are JSON ``{error, detail}`` (app/api/errors.py); request bodies are size-limited before
+  and while they are read (app/api/limits.py); Host checks, the optional token and the Gradio
+  routes this UI does not use are handled by app/api/security.py.
+- /metrics serves Prometheus counters and latency histograms (app/api/prom.py).
+- The Gradio UI is mounted at /ui when ``settings.ui``: ``ui.app.build_ui`` gets the service, the
+  limits it must enforce and how to reach thumbnails; it never calls the REST API over HTTP.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+from fastapi import FastAPI
+
+from app.api.errors import install_error_handlers
+from app.api.limits import BodyLimitMiddleware, body_limits
+from app.api.prom import PrometheusMiddleware, Registry
+from app.api.routers import deps, health, media, metrics, search
+from app.api.security import AccessMiddleware
+from app.api.settings import Settings
+from search import SearchService
+
+log = logging.getLogger(__name__)
+
+
+# ---- app -------------------------------------------------------------------------------------------
+def apply_thread_settings(settings: Settings) -> None:
+    """Process-wide: intra-op threads of torch and OpenMP threads of FAISS (0 = leave as is).
+    Called by the server entry points, not by create_app (tests share the process)."""
+    import faiss
+    import torch
+
+    if settings.torch_threads > 0:
+        torch.set_num_threads(settings.torch_threads)
+    if settings.faiss_threads > 0:
+        faiss.omp_set_num_threads(settings.faiss_threads)
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    svc: SearchService = app.state.service
+    if not svc.ready.is_set():
+        if app.state.settings.load_in_background:
+            svc.start_loading()
+        else:
+            await anyio.to_thread.run_sync(svc.load)  # when no model loads, the start-up fails
+    try:
+        yield
+    finally:
+        if app.state.owns_service:
+            svc.close()
+
+
+def _mount_ui(app: FastAPI, service: SearchService, settings: Settings) -> None:
+    """The Gradio UI at /ui, calling the same service object as the routers (never HTTP)."""
+    import gradio as gr
+
+    from ui.app import UILimits, build_ui
+    from ui.theme import CSS, THEME
+
+    limits = UILimits(max_upload_bytes=settings.max_upload_bytes, max_query_chars=settings.max_query_chars)
+    blocks = build_ui(service, limits=limits, thumb_url=deps.thumbnail_url)
+    gr.mount_gradio_app(app, blocks, path="/ui", theme=THEME, css=CSS, max_file_size=settings.max_upload_bytes,
+                        blocked_paths=_private_paths(settings), run_history=False, enable_monitoring=False,
+                        mcp_server=False)
+    # gr.mount_gradio_app never marks the Blocks as launched, and Gradio checks that a file path sent
+    # as an input was uploaded through the UI only for launched Blocks: without this, any client could
+    # name any file on the server as an "image" and have it copied into Gradio's cache and served.
+    blocks.has_launched = True
+    app.state.ui_mounted = True
+
+
+def _private_paths(settings: Settings) -> list[str]:
+    """Folders Gradio must never serve from: the index directories and their checkpoints' folders."""
+    from indexer.index import IndexDirError, read_manifest, resolve_checkpoint
+
+    out = set()
+    for name, d in settings.models.items():
+        out.add(str(Path(d).resolve()))
+        try:
+            ckpt = resolve_checkpoint(d, read_manifest(d), settings.checkpoints.get(name))
+            out.add(str(ckpt.parent))
+        except (IndexDirError, OSError):
+            pass  # reported when the models load
+    return sorted(out)
+
+
+def _enumerate_models(node: object, names: list[str]) -> None:
+    """Name the served models as an ``enum`` wherever the document takes or returns a model name
+    (``model`` / ``models`` properties and ``model`` query parameters): /docs gets drop-downs and
+    schema-driven clients (and the schemathesis test) use real names. Unknown names still get a 404."""
+    if isinstance(node, dict):
+        for key, prop in (node.get("properties") or {}).items():
+            if key == "model" and prop.get("type") == "string":
+                prop["enum"] = names
+            elif key == "models" and prop.get("type") == "array" and isinstance(prop.get("items"), dict):
+                prop["items"]["enum"] = names
+        if node.get("in") == "query" and node.get("name") == "model" and isinstance(node.get("schema"), dict):
+            node["schema"]["enum"] = names
+        for v in node.values():
+            _enumerate_models(v, names)
+    elif isinstance(node, list):
+        for v in node:
+            _enumerate_models(v, names)
+
+
+def _install_openapi(app: FastAPI) -> None:
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = copy.deepcopy(generate())  # the parts from openapi_extra are shared module constants
+            _enumerate_models(schema, list(app.state.service.names))
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def create_app(settings: Settings | None = None, service: SearchService | None = None) -> FastAPI:
+    """The app. ``service`` may be given ready (tests, ``ltd demo``); otherwise one is built from
+    ``settings.models`` and loaded by the lifespan handler."""
+    settings = settings or Settings()
+    owns = service is None
+    if service is None:
+        service = settings.search_service()
+    app = FastAPI(
+        title="LTD retrieval",
+        version="0.1.0",
+        summary="Image–caption retrieval: text → images, image → captions, two models side by side.",
+        lifespan=lifespan,
+    )
+    app.state.settings, app.state.service, app.state.owns_service = settings, service, owns
+    app.state.ui_mounted = False
+    registry = Registry()
+    metrics.register_service_collectors(registry, service)
+    app.state.metrics = registry
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, limit_for=body_limits(settings))
+    token = settings.api_token.get_secret_value() if settings.api_token else None
+    app.add_middleware(AccessMiddleware, token=token, allowed_hosts=settings.allowed_hosts)
+    app.add_middleware(PrometheusMiddleware, registry=registry,  # outermost: times everything, 413s included
+                       fixed_paths=[u for u in (app.openapi_url, app.docs_url, app.redoc_url,
+                                                app.swagger_ui_oauth2_redirect_url) if u],
+                       prefixes=["/ui"] if settings.ui else [])
+    app.include_router(health.router)
+    app.include_router(search.router)
+    app.include_router(media.router)
+    app.include_router(metrics.router)
+    _install_openapi(app)
+    if settings.ui:
+        _mount_ui(app, service, settings)
+    return app
+
+
+def create_app_from_env() -> FastAPI:
+    """Factory for ``uvicorn --factory`` and worker processes: settings from LTD_* variables."""
+    settings = Settings()
+    apply_thread_settings(settings)
+    return create_app(settings)

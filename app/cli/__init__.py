@@ -1,0 +1,35 @@
+"""`ltd`: the command line, one module per subcommand (app/cli/<name>.py), each registered here.
+
+CPU threading settings must be in the environment before torch is first imported: OpenMP reads
+them once, so they are set when this package is imported, before any subcommand module loads.
+The OpenMP wait policy depends on the command:
+
+- ``ltd serve`` gets ``OMP_WAIT_POLICY=PASSIVE``: many request threads share 2 cores, and threads
+  that busy-wait between requests take CPU from the ones doing work.
+- everything else (train, experiment, demo, index, eval) keeps the OpenMP default (spin briefly,
+  then sleep). PASSIVE makes every parallel region pay a sleep/wake-up, which the GRU caption
+  encoder's hundreds of small per-time-step regions feel most: one Flickr8k epoch of the
+  ``flickr8k_ltd`` preset took 92 s with PASSIVE and 53 s with the default on a 2-core VM
+  (BENCHMARKS.md).
+
+A value the user set always wins.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _command(argv: list[str]) -> str | None:
+    """The ``ltd`` subcommand of ``argv`` (first non-option argument), if any."""
+    return next((a for a in argv[1:] if not a.startswith("-")), None)
+
+
+for _k, _v in (("TOKENIZERS_PARALLELISM", "false"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1")):
+    os.environ.setdefault(_k, _v)
+if _command(sys.argv) == "serve":
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from app.cli.parser import main  # noqa: E402  (after the environment is set)
+
+__all__ = ["main"]

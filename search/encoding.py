@@ -1,0 +1,165 @@
+"""Query texts → embeddings: cleaning, an LRU cache, batching of concurrent queries, optional int8.
+
+Throughput: query texts go through an LRU cache of embeddings (switchable) and, on a miss, through a
+per-model ``TextBatcher`` that hands every query waiting at that moment to the encoder in one call.
+Everything here is safe to call from many request threads at once.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import numpy as np
+import torch
+
+from search.errors import BadRequest, NotReady
+from search.registry import ModelEntry
+from training.models.text_encoder import move_batch
+
+
+def clean_query(text: str, max_chars: int) -> str:
+    """Drop control characters and collapse whitespace; refuse empty or over-long queries and text
+    that is not valid Unicode."""
+    try:
+        str(text).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate such as "\ud800" (valid JSON, not valid text)
+        raise BadRequest("the query contains invalid Unicode (an unpaired surrogate)") from None
+    q = " ".join("".join(ch for ch in str(text) if ch.isprintable() or ch.isspace()).split())
+    if not q:
+        raise BadRequest("query is empty (after trimming whitespace)")
+    if len(q) > max_chars:
+        raise BadRequest(f"query is {len(q)} characters long; the limit is {max_chars}")
+    return q
+
+
+class TextBatcher:
+    """Groups concurrent encode requests into one encoder call.
+
+    Opportunistic: a lone query is encoded at once (no waiting window); queries that arrive while
+    the encoder is busy queue up and go together in the next call. One Python thread drives the
+    encoder, so request threads do not fight over the GIL running the same small torch ops.
+    """
+
+    def __init__(self, encode: Callable[[list[str]], np.ndarray], *, max_batch: int = 64, name: str = ""):
+        self._encode, self.max_batch = encode, max_batch
+        self._pending: deque[tuple[str, Future]] = deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self.calls = 0  # encoder calls
+        self.items = 0  # queries encoded
+        self._thread = threading.Thread(target=self._run, name=f"ltd-text-batcher-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, text: str) -> Future:
+        fut: Future = Future()
+        with self._cv:
+            if self._closed:
+                raise NotReady("the service is shutting down")
+            self._pending.append((text, fut))
+            self._cv.notify()
+        return fut
+
+    def encode(self, text: str) -> np.ndarray:
+        return self.submit(text).result()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending and not self._closed:
+                    self._cv.wait()
+                if not self._pending:
+                    return
+                batch = [self._pending.popleft() for _ in range(min(self.max_batch, len(self._pending)))]
+            texts = list(dict.fromkeys(t for t, _ in batch))  # duplicates are encoded once
+            try:
+                vecs = self._encode(texts)
+            except Exception as e:  # the callers see the error; the batcher keeps running
+                for _, f in batch:
+                    f.set_exception(e)
+                continue
+            row = {t: i for i, t in enumerate(texts)}
+            for t, f in batch:
+                f.set_result(vecs[row[t]].copy())
+            self.calls += 1
+            self.items += len(batch)
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join(timeout=5)
+
+
+def quantized(text: torch.nn.Module) -> torch.nn.Module:
+    """An int8 dynamically quantised copy of a text encoder (GRU and Linear weights); CPU only."""
+    import warnings
+
+    with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(text, {torch.nn.GRU, torch.nn.Linear}, dtype=torch.qint8)
+
+
+class QueryEncoder:
+    """Embeds cleaned query texts for every served model: cache first, then the model's batcher (or a
+    direct encoder call). ``attach(entry)`` prepares a model once it is loaded."""
+
+    def __init__(self, *, cache_size: int = 4096, batching: bool = True, max_batch: int = 64, quantize: bool = False):
+        self.cache_size, self.batching, self.max_batch, self.quantize = cache_size, batching, max_batch, quantize
+        self._encoders: dict[str, torch.nn.Module] = {}
+        self._batchers: dict[str, TextBatcher] = {}
+        self._cache: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def attach(self, entry: ModelEntry) -> None:
+        self._encoders[entry.name] = quantized(entry.model.text) if self.quantize else entry.model.text
+        if self.batching:
+            self._batchers[entry.name] = TextBatcher(lambda texts, e=entry: self.encode_batch(e, texts),
+                                                     max_batch=self.max_batch, name=entry.name)
+
+    def encode_batch(self, entry: ModelEntry, texts: list[str]) -> np.ndarray:
+        """(n, E) normalised embeddings of ``texts`` (no cache, no batcher)."""
+        enc = self._encoders.get(entry.name, entry.model.text)
+        with torch.inference_mode():
+            batch = move_batch(enc.prepare(texts), entry.model.device)
+            return enc(batch).float().cpu().numpy()
+
+    def encode(self, entry: ModelEntry, text: str) -> np.ndarray:
+        """The embedding of an already cleaned text (read-only: it may be shared through the cache)."""
+        key = (entry.name, text)
+        if self.cache_size:
+            with self._lock:
+                vec = self._cache.get(key)
+                if vec is not None:
+                    self._cache.move_to_end(key)
+                    self.hits += 1
+                    return vec
+                self.misses += 1
+        b = self._batchers.get(entry.name)
+        vec = b.encode(text) if b is not None else self.encode_batch(entry, [text])[0]
+        vec.setflags(write=False)
+        if self.cache_size:
+            with self._lock:
+                self._cache[key] = vec
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+        return vec
+
+    def info(self) -> dict:
+        b = list(self._batchers.values())
+        return {"capacity": self.cache_size, "size": len(self._cache), "hits": self.hits, "misses": self.misses,
+                "batching": self.batching, "encoder_calls": sum(x.calls for x in b),
+                "encoded_queries": sum(x.items for x in b)}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._cache.clear()
+            self.hits = self.misses = 0
+
+    def close(self) -> None:
+        """Stop the batcher threads (encoding goes on without batching)."""
+        batchers, self._batchers = self._batchers, {}
+        for b in batchers.values():
+            b.close()

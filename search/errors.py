@@ -1,0 +1,36 @@
+"""What the search service answers instead of a result. Domain errors, not HTTP: the REST routers
+(app/api/errors.py) and the UI (a notice) decide how to show them."""
+from __future__ import annotations
+
+
+class SearchError(Exception):
+    """A request the search service cannot answer; ``detail`` says why, ``extra`` adds fields."""
+
+    def __init__(self, detail: str, **extra):
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class BadRequest(SearchError):
+    """The request itself is wrong (empty query, k out of range, not decodable, …)."""
+
+
+class NotFound(SearchError):
+    """An unknown model, image or caption id."""
+
+
+class NotReady(SearchError):
+    """The models are still loading, or the model asked for could not be loaded."""
+
+
+class Busy(SearchError):
+    """Too much work of this kind at once (image decodes); try again shortly."""
+
+
+class Unsupported(SearchError):
+    """The model cannot do this (e.g. encode an upload without an image backbone)."""
+
+
+class UnsupportedMediaType(SearchError):
+    """An upload that is not an image of an accepted type."""

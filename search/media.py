@@ -1,0 +1,135 @@
+"""Images in and out: uploaded bytes → model input under a memory budget, and thumbnails.
+
+An upload is refused unless its first bytes name an accepted image type; it then decodes within a
+pixel budget (a JPEG at reduced DCT scale first, its short side kept at least twice the model's input,
+so a 40-megapixel photo never decodes at full size), at most ``max_concurrent`` at a time, and after
+a large decode the freed heap is handed back to the OS. Thumbnails are JPEGs kept in an LRU cache,
+and (for galleries that serve files) written once to a folder.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tempfile
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+from search.errors import BadRequest, Busy, NotFound, Unsupported, UnsupportedMediaType
+from search.registry import ModelEntry
+from training.data.images import ImageError, load_image
+from training.fsio import atomic_write_bytes
+
+# Magic numbers of the formats load_image accepts; anything else is refused before decoding.
+_MAGIC = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"),
+          (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
+ACCEPTED = "JPEG, PNG, WebP, BMP, GIF, TIFF"
+_BIG_DECODE = 4_000_000  # pixels: after a decode this large, give the freed memory back
+
+
+def sniff_image_type(data: bytes) -> str | None:
+    """The image format named by the first bytes, or None when they are not an accepted image type."""
+    for magic, fmt in _MAGIC:
+        if data.startswith(magic):
+            return fmt
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    return None
+
+
+def check_upload_size(data: bytes, max_bytes: int) -> None:
+    if len(data) == 0:
+        raise BadRequest("the uploaded file is empty")
+    if len(data) > max_bytes:
+        raise BadRequest(f"upload of {len(data):,} bytes exceeds the limit of {max_bytes:,} bytes")
+
+
+def release_free_memory() -> None:
+    """Give freed heap memory back to the OS (glibc), so a burst of large decodes does not leave the
+    server's resident size at its peak."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+class UploadDecoder:
+    """Uploaded bytes → the model's input tensor (views as the feature cache takes them)."""
+
+    def __init__(self, *, max_pixels: int = 16_000_000, max_concurrent: int = 2):
+        self.max_pixels = max_pixels
+        # Each decode may hold max_pixels × 4 bytes while it runs.
+        self._slots = threading.BoundedSemaphore(max(1, max_concurrent))
+
+    def tensor(self, entry: ModelEntry, data: bytes) -> torch.Tensor:
+        if not data:
+            raise BadRequest("the uploaded file is empty")
+        if sniff_image_type(data) is None:
+            raise UnsupportedMediaType(f"the upload is not an image of an accepted type ({ACCEPTED})")
+        backbone = entry.model.image.backbone
+        if backbone is None:
+            raise Unsupported(f"model {entry.name} was trained on precomputed features and has no image backbone; "
+                              "search with a dataset image id instead")
+        if not self._slots.acquire(timeout=30):
+            raise Busy("too many image uploads are being decoded at once; try again shortly")
+        try:
+            img = load_image(data, name="upload", max_pixels=self.max_pixels, min_side=2 * backbone.preprocess.resize)
+            big = img.width * img.height >= _BIG_DECODE
+            x = entry.model.image.prepare([img])
+            del img
+        except ImageError as err:
+            raise BadRequest(str(err)) from None
+        finally:
+            self._slots.release()
+        if big:
+            release_free_memory()
+        return x
+
+
+def default_thumb_dir() -> Path:
+    return Path(os.environ.get("LTD_UI_THUMBS", Path(tempfile.gettempdir()) / "ltd-ui-thumbs"))
+
+
+class Thumbnails:
+    """JPEG thumbnails of image files, in an LRU cache of ``capacity`` entries (thread-safe)."""
+
+    def __init__(self, capacity: int = 2048, folder: Path | None = None):
+        self.capacity = capacity
+        self.folder = folder or default_thumb_dir()
+        self._cache: OrderedDict[tuple, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def jpeg(self, key: tuple, path: Path, size: int) -> bytes:
+        """The thumbnail of ``path`` whose longest side is ``size`` (32–1024), cached under ``key``."""
+        size = max(32, min(int(size), 1024))
+        key = (*key, size)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        try:
+            img = load_image(path)
+        except ImageError as err:
+            raise NotFound(f"image cannot be read: {err}") from None
+        img.thumbnail((size, size))
+        buf = io.BytesIO()
+        img.save(buf, "JPEG", quality=85)
+        data = buf.getvalue()
+        with self._lock:
+            self._cache[key] = data
+            while len(self._cache) > self.capacity:
+                self._cache.popitem(last=False)
+        return data
+
+    def file(self, key: tuple, path: Path, size: int) -> Path:
+        """The thumbnail written to the thumbnails folder (for UI galleries, which serve files)."""
+        data = self.jpeg(key, path, size)
+        out = self.folder / f"{'_'.join(map(str, key))}_{size}_{hashlib.sha1(data).hexdigest()[:16]}.jpg"
+        if not out.is_file():
+            atomic_write_bytes(out, data, durable=False)  # a cache: rebuilt when lost
+        return out

@@ -1,0 +1,252 @@
+"""``SearchService``: the one object the REST routers and the UI call.
+
+It composes the registry (which models serve), the query encoder, the upload decoder, the
+thumbnail cache and the explorer, and turns requests into ranked results. Every method is safe to
+call from many threads at once; errors are ``search.errors`` types, never HTTP.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from search import analysis
+from search.encoding import QueryEncoder, clean_query
+from search.errors import BadRequest, NotFound
+from search.media import Thumbnails, UploadDecoder
+from search.ranking import CompareResult, Query, SearchResult, compare_results, rank
+from search.registry import ModelEntry, ModelRegistry, public_manifest
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Limits and tuning of the service (the REST settings fill it; see app/api/settings.py)."""
+
+    device: str = "cpu"
+    max_k: int = 1000
+    max_query_chars: int = 1000
+    max_upload_pixels: int = 16_000_000
+    max_concurrent_decodes: int = 2
+    thumb_cache: int = 2048
+    text_cache: int = 4096
+    text_batching: bool = True
+    max_text_batch: int = 64
+    text_quantize: bool = False
+    verify_index: str = "hash"
+
+
+class SearchService:
+    def __init__(self, models: dict[str, str | Path], *, checkpoints: dict[str, str | Path] | None = None,
+                 config: SearchConfig | None = None):
+        self.config = config = config or SearchConfig()
+        if config.text_quantize and config.device != "cpu":
+            raise ValueError("text_quantize (int8 dynamic quantisation) runs on the CPU only")
+        self.encoder = QueryEncoder(cache_size=config.text_cache, batching=config.text_batching,
+                                    max_batch=config.max_text_batch, quantize=config.text_quantize)
+        self.registry = ModelRegistry(models, checkpoints=checkpoints, device=config.device,
+                                      verify=config.verify_index, on_loaded=self.encoder.attach)
+        self.uploads = UploadDecoder(max_pixels=config.max_upload_pixels, max_concurrent=config.max_concurrent_decodes)
+        self.thumbnails = Thumbnails(config.thumb_cache)
+        self.explorer_rows = analysis.Explorer()
+
+    # ---- state (from the registry) ------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return self.registry.names
+
+    @property
+    def entries(self) -> dict[str, ModelEntry]:
+        return self.registry.entries
+
+    @property
+    def failed(self) -> dict[str, str]:
+        return self.registry.failed
+
+    @property
+    def ready(self):
+        return self.registry.ready
+
+    @property
+    def load_error(self) -> str | None:
+        return self.registry.load_error
+
+    @property
+    def loaded_at(self) -> float | None:
+        return self.registry.loaded_at
+
+    @property
+    def status(self) -> str:
+        return self.registry.status
+
+    @property
+    def default_name(self) -> str:
+        return self.registry.default_name
+
+    @property
+    def default_name_with_ground_truth(self) -> str:
+        return self.registry.default_name_with_ground_truth
+
+    def load(self) -> None:
+        self.registry.load()
+
+    def start_loading(self):
+        return self.registry.start_loading()
+
+    def close(self) -> None:
+        self.encoder.close()
+
+    def get(self, name: str | None) -> ModelEntry:
+        return self.registry.get(name)
+
+    # ---- models and dataset items -------------------------------------------------------------
+    def model_info(self, name: str) -> dict:
+        e = self.get(name)
+        mf = public_manifest(e.index.path, e.index.manifest)
+        summary = {k: v for k, v in e.report.items() if k != "meta"} if e.report else None
+        return {"name": name, "dataset": (mf.get("dataset") or {}).get("name"),
+                "split": (mf.get("dataset") or {}).get("split"), "counts": mf.get("counts"),
+                "dim": mf.get("dim"), "factory": mf.get("factory"), "ground_truth": e.has_ground_truth,
+                "image_search": e.model.image.backbone is not None, "model": mf.get("model"),
+                "eval": summary, "manifest": mf}
+
+    def caption(self, name: str, caption_id: int) -> dict:
+        e = self.get(name)
+        pos = e.caption_row(caption_id)
+        meta = e.index.captions.meta
+        img = meta["image"][pos]
+        return {"id": int(caption_id), "text": meta["texts"][pos],
+                "image_id": int(e.index.images.ids[img]) if img is not None and img >= 0 else None}
+
+    def sample_captions(self, name: str, n: int = 20, seed: int = 0) -> list[dict]:
+        ids = self.get(name).index.captions.ids
+        pick = np.random.default_rng(seed).choice(len(ids), size=min(n, len(ids)), replace=False) if ids else []
+        return [self.caption(name, ids[int(i)]) for i in pick]
+
+    # ---- encoding -----------------------------------------------------------------------------
+    def clean_query(self, text: str) -> str:
+        return clean_query(text, self.config.max_query_chars)
+
+    def encode_text(self, name: str, text: str) -> np.ndarray:
+        return self.encoder.encode(self.get(name), self.clean_query(text))
+
+    def encode_image_bytes(self, name: str, data: bytes) -> np.ndarray:
+        e = self.get(name)
+        x = self.uploads.tensor(e, data)
+        with torch.inference_mode():
+            return e.model.image(x.to(e.model.device)).float().cpu()[0].numpy()
+
+    def text_cache_info(self) -> dict:
+        return self.encoder.info()
+
+    def clear_text_cache(self) -> None:
+        self.encoder.clear()
+
+    # ---- search -------------------------------------------------------------------------------
+    def _check_k(self, k: int) -> int:
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.config.max_k:
+            raise BadRequest(f"k must be an integer in [1, {self.config.max_k}], got {k!r}")
+        return k
+
+    def _text_query(self, e: ModelEntry, query: str | None, caption_id: int | None) -> Query:
+        if caption_id is not None:
+            pos = e.caption_row(caption_id)
+            meta = e.index.captions.meta
+            model_text = (meta.get("model_texts") or meta["texts"])[pos]
+            q = Query(self.encoder.encode(e, model_text), {"caption_id": int(caption_id), "text": meta["texts"][pos]})
+            if e.has_ground_truth:
+                img = meta["image"][pos]
+                q.ground_truth = [img] if img is not None and img >= 0 else []
+                rel = e.relevance()
+                q.relevance = None if rel is None else np.asarray(rel[pos], dtype=np.float32)
+            return q
+        if query is None:
+            raise BadRequest("give a query text or a caption_id")
+        text = self.clean_query(query)
+        return Query(self.encoder.encode(e, text), {"text": text})
+
+    def _image_query(self, e: ModelEntry, image_id: int | None, image_bytes: bytes | None) -> Query:
+        if image_id is not None:
+            pos = e.image_row(image_id)
+            q = Query(np.asarray(e.index.images.vectors[pos]),
+                      {"image_id": int(image_id), "filename": e.index.images.meta["filenames"][pos]})
+            if e.has_ground_truth:
+                q.ground_truth = list(e.index.images.meta["captions"][pos])
+                rel = e.relevance()
+                q.relevance = None if rel is None else np.asarray(rel[:, pos], dtype=np.float32)
+            return q
+        if image_bytes is None:
+            raise BadRequest("give an image file or an image_id")
+        return Query(self.encode_image_bytes(e.name, image_bytes), {"upload": True})
+
+    def search_text(self, name: str, *, query: str | None = None, caption_id: int | None = None,
+                    k: int = 10) -> SearchResult:
+        """Text → images. With ``caption_id`` the query is that dataset caption, and its ground truth
+        (its image) and ROUGE-L relevance are attached."""
+        t0 = time.perf_counter()
+        e, k = self.get(name), self._check_k(k)
+        meta = e.index.images.meta
+        return rank(name, e.index.images, self._text_query(e, query, caption_id), k,
+                    lambda p: {"filename": meta["filenames"][p]}, direction="t2i", t0=t0)
+
+    def search_image(self, name: str, *, image_id: int | None = None, image_bytes: bytes | None = None,
+                     k: int = 10) -> SearchResult:
+        """Image → captions. With ``image_id`` (a dataset image) ground truth and relevance are attached."""
+        t0 = time.perf_counter()
+        e, k = self.get(name), self._check_k(k)
+        meta, img_ids = e.index.captions.meta, e.index.images.ids
+
+        def fields(p: int) -> dict:
+            im = meta["image"][p]
+            return {"text": meta["texts"][p], "image_id": int(img_ids[im]) if im is not None and im >= 0 else None}
+
+        return rank(name, e.index.captions, self._image_query(e, image_id, image_bytes), k, fields,
+                    direction="i2t", t0=t0)
+
+    def compare(self, names: list[str], *, query: str | None = None, caption_id: int | None = None,
+                image_id: int | None = None, image_bytes: bytes | None = None, k: int = 10) -> CompareResult:
+        """One query, two models: both rankings and the ids both retrieved."""
+        if len(names) != 2 or names[0] == names[1]:
+            raise BadRequest("compare needs two different model names")
+        for n in names:
+            self.get(n)
+        if sum(x is not None for x in (query, caption_id, image_id, image_bytes)) != 1:
+            raise BadRequest("give exactly one of: query, caption_id, image_id, image file")
+        if query is not None or caption_id is not None:
+            return compare_results("t2i", k, [self.search_text(n, query=query, caption_id=caption_id, k=k)
+                                              for n in names])
+        return compare_results("i2t", k, [self.search_image(n, image_id=image_id, image_bytes=image_bytes, k=k)
+                                          for n in names])
+
+    # ---- images -------------------------------------------------------------------------------
+    def image_path(self, image_id: int, model: str | None = None) -> Path:
+        """Only files that belong to a loaded index are served (ids, never paths, come in)."""
+        entries = [self.get(model)] if model else list(self.entries.values())
+        for e in entries:
+            pos = e.image_pos.get(int(image_id))
+            if pos is not None:
+                path = Path(e.index.images.meta["paths"][pos])
+                if not path.is_file():
+                    raise NotFound(f"image {image_id} is in the index, but its file is missing on the server")
+                return path
+        raise NotFound(f"image id {image_id} is not in any loaded index" + (f" of model {model}" if model else ""))
+
+    def thumbnail(self, image_id: int, size: int = 256, model: str | None = None) -> bytes:
+        return self.thumbnails.jpeg((model, int(image_id)), self.image_path(image_id, model), size)
+
+    def thumbnail_file(self, image_id: int, size: int = 160, model: str | None = None) -> Path:
+        return self.thumbnails.file((model, int(image_id)), self.image_path(image_id, model), size)
+
+    # ---- explorer and training curves -----------------------------------------------------------
+    def explorer(self, a: str, b: str, *, direction: str = "both", winner: str = "any", limit: int = 200) -> list[dict]:
+        """Queries sorted by disagreement between two models (the data of `ltd compare`), cached."""
+        return self.explorer_rows.rows(self.get(a), self.get(b), direction=direction, winner=winner, limit=limit)
+
+    def training_metrics(self, name: str) -> list[dict]:
+        return analysis.training_rows(self.get(name))
+
+    def training_figure(self, names: list[str], smooth: int = 5):
+        """(figure or None, names without metrics): the training curves of these models, overlaid."""
+        return analysis.training_figure([self.get(n) for n in names], smooth)

@@ -1,0 +1,104 @@
+"""Progress output, one place for all of it: a tqdm bar on a terminal; elsewhere (a log file, CI, a
+pipe) one log line every ``interval`` seconds and one at the end, instead of hundreds of redrawn bars.
+
+    with progress(total=n, desc="image features", unit="img") as bar:
+        for batch in batches:
+            ...
+            bar.update(len(batch))
+
+``LTD_PROGRESS=bar|log|off`` overrides the choice (``log`` also takes ``LTD_PROGRESS_INTERVAL`` seconds).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+from tqdm.auto import tqdm
+
+log = logging.getLogger("ltd.progress")
+
+
+def _mode(disable: bool) -> str:
+    if disable:
+        return "off"
+    mode = os.environ.get("LTD_PROGRESS", "").lower()
+    if mode in ("bar", "log", "off"):
+        return mode
+    return "bar" if sys.stderr.isatty() else "log"
+
+
+class LogProgress:
+    """tqdm's counting interface (update, set_postfix, close, context manager) that writes lines."""
+
+    def __init__(self, total: int | None = None, initial: int = 0, desc: str = "", unit: str = "it",
+                 interval: float | None = None):
+        self.total, self.n, self.desc, self.unit = total, initial, desc, unit
+        self.interval = interval if interval is not None else float(os.environ.get("LTD_PROGRESS_INTERVAL", 30))
+        self.start = self.last = time.monotonic()
+        self.start_n = initial
+        self.postfix = ""
+        self.closed = False
+
+    def _line(self) -> str:
+        elapsed = time.monotonic() - self.start
+        rate = (self.n - self.start_n) / elapsed if elapsed > 0 else 0.0
+        done = f"{self.n:,}" + (f"/{self.total:,} ({100 * self.n / self.total:.0f} %)" if self.total else "")
+        eta = f", ~{(self.total - self.n) / rate:.0f} s left" if self.total and rate > 0 and self.n < self.total else ""
+        return f"{self.desc}: {done} {self.unit} in {elapsed:.0f} s ({rate:.1f} {self.unit}/s{eta}){self.postfix}"
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.last = now
+            log.info(self._line())
+
+    def set_postfix(self, **kv) -> None:
+        self.postfix = ", " + ", ".join(f"{k}={v}" for k, v in kv.items()) if kv else ""
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            log.info(self._line())
+
+    def __enter__(self) -> LogProgress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Off(LogProgress):
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def bars(show: bool) -> bool:
+    """Whether a library's own tqdm bar (sentence-transformers' encode, …) should be shown."""
+    return _mode(not show) == "bar"
+
+
+def progress(total: int | None = None, *, desc: str = "", unit: str = "it", initial: int = 0, disable: bool = False,
+             leave: bool = True):
+    """A progress counter (see the module doc): tqdm on a terminal, periodic log lines otherwise."""
+    mode = _mode(disable)
+    if mode == "bar":
+        return tqdm(total=total, initial=initial, desc=desc, unit=unit, leave=leave)
+    if mode == "off":
+        return _Off(total, initial, desc, unit)
+    return LogProgress(total, initial, desc, unit)
+
+
+def progress_iter(iterable, *, total: int | None = None, desc: str = "", unit: str = "it", disable: bool = False):
+    """Iterate with progress (one update per item)."""
+    if total is None and hasattr(iterable, "__len__"):
+        total = len(iterable)
+    with progress(total, desc=desc, unit=unit, disable=disable) as bar:
+        for item in iterable:
+            yield item
+            bar.update(1)

@@ -1,0 +1,187 @@
+"""The Compare tab: one query on two models side by side, ground truth ✓ green / ✗ red, the first
+ground-truth rank, P@5 and nDCG per model, and ◆ on what only one model retrieved."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from search import BadRequest, SearchError, SearchService
+from ui import inputs, widgets
+from ui.context import UIContext, UILimits
+from ui.render import (
+    ThumbSrc,
+    caption_list_html,
+    esc,
+    image_grid_html,
+    legend_html,
+    metrics_html,
+    model_label,
+    need_two_notice,
+    notice,
+    query_html,
+)
+
+EMPTY_COMPARE = ('<div class="ltd-empty">One query, two models side by side. Pick a caption or an image above, '
+                 'or click a row in the <b>Explorer</b> tab.</div>')
+
+
+@inputs.guarded
+def compare(service: SearchService, a: str, b: str, query: dict, k: Any, thumbs: ThumbSrc) -> str:
+    """Two models side by side on one query (``query``: one of query/caption_id/image_id/image_bytes)."""
+    if len(service.names) < 2:
+        return need_two_notice(service) or ""
+    if not a or not b or a == b:
+        raise BadRequest("Pick two different models to compare.")
+    out = service.compare([a, b], k=inputs.parse_k(k), **query)
+    ra, rb = out.results
+    shared = set(out.overlap_ids)
+    n = max(len(ra.hits), len(rb.hits), 1)
+    overlap = (f'<div class="ltd-overlap"><b>{out.overlap}</b> of top-{n} shared '
+               f'<span class="ltd-overlap-bar"><span style="width:{100 * out.overlap / n:.0f}%"></span></span>'
+               + ('<span class="ltd-muted">◆ only that model retrieved it</span>' if out.overlap < n else "")
+               + "</div>")
+    render = image_grid_html if out.direction == "t2i" else caption_list_html
+    cols = []
+    for i, (r, other) in enumerate(((ra, rb), (rb, ra))):
+        lb = model_label(service, r.model)
+        det = f" · {esc(lb['detail'])}" if lb["detail"] else ""
+        cols.append(f'<section class="ltd-col"><div class="ltd-col-head ltd-m{i}"><h3>{esc(r.model)}</h3>'
+                    f'<span class="ltd-muted">{esc(lb["kind"])}{det}</span></div>'
+                    f'{metrics_html(r.metrics, other.metrics)}{render(r, thumbs, shared)}</section>')
+    return (f'<div class="ltd-result">{query_html(service, a, ra, thumbs, query.get("image_bytes"))}'
+            f'<div class="ltd-bar">{overlap}{legend_html(out.direction, ra.metrics is not None)}</div>'
+            f'<div class="ltd-cols">{"".join(cols)}</div></div>')
+
+
+def compare_text(service: SearchService, a: str, b: str, text: str | None, picked: dict | None, k: Any,
+                 thumbs: ThumbSrc) -> str:
+    try:
+        q = inputs.text_query(text, picked)
+    except SearchError as e:
+        return notice(e.detail, "error")
+    return compare(service, a, b, q, k, thumbs)
+
+
+def compare_image(service: SearchService, a: str, b: str, image_id: Any, upload_path: str | None, k: Any,
+                  thumbs: ThumbSrc, max_bytes: int = UILimits.max_upload_bytes) -> str:
+    try:
+        q = inputs.image_query(image_id, upload_path, max_bytes)
+    except SearchError as e:
+        return notice(e.detail, "error")
+    return compare(service, a, b, q, k, thumbs)
+
+
+@dataclass
+class CompareTab:
+    """What the page's load event fills, and what the Explorer sets when it opens a query here."""
+
+    a: gr.Dropdown
+    b: gr.Dropdown
+    k: gr.Dropdown
+    kind: gr.Radio
+    text_panel: gr.Column
+    img_panel: gr.Row
+    text: gr.Textbox
+    picked: gr.State
+    img_id: gr.Textbox
+    upload: gr.Image
+    out: gr.HTML
+    examples: gr.Dataset
+    examples_state: gr.State
+    gallery: gr.Gallery
+    gallery_ids: gr.State
+
+
+def build(ctx: UIContext) -> CompareTab:
+    names, pair = ctx.names, ctx.pair
+    a0, b0 = ctx.first_pair
+    with gr.Tab("Compare", id="compare", elem_id="tab-compare"):
+        if not pair:
+            gr.HTML(need_two_notice(ctx.service))
+        picked, examples_state, gallery_ids = gr.State(None), gr.State([]), gr.State([])
+        with gr.Row(elem_classes="ltd-controls", visible=bool(pair)):
+            a = gr.Dropdown(names, value=a0, label="Model A", scale=2, min_width=120)
+            swap = gr.Button("⇄", scale=0, min_width=48, elem_id="compare-swap", elem_classes="ltd-swap")
+            b = gr.Dropdown(names, value=b0, label="Model B", scale=2, min_width=120)
+            k = gr.Dropdown(inputs.K_CHOICES, value=10, label="Top k", scale=1, min_width=90)
+            kind = gr.Radio([("Caption / text", "text"), ("Image", "image")], value="text", label="Query", scale=2,
+                            elem_id="compare-kind")
+        with gr.Column(visible=bool(pair)) as text_panel:
+            text, go, rand, examples = widgets.caption_row("compare", "Compare", "type a caption, or pick a dataset caption",
+                                                           ctx.limits.max_query_chars)
+        with gr.Row(visible=False) as img_panel:
+            with gr.Column(scale=1, min_width=220):
+                img_id, img_go = widgets.image_id_row("compare", "Compare")
+                upload = widgets.upload_box(150)
+            gallery = gr.Gallery(label="…or click a dataset image", columns=8, height=None, scale=3,
+                                 allow_preview=False, object_fit="cover", elem_classes="ltd-picker",
+                                 elem_id="compare-gallery")
+        out = gr.HTML(EMPTY_COMPARE if pair else "", elem_id="compare-results")
+    tab = CompareTab(a, b, k, kind, text_panel, img_panel, text, picked, img_id, upload, out, examples,
+                     examples_state, gallery, gallery_ids)
+    _wire(ctx, tab, go, rand, img_go, swap)
+    return tab
+
+
+def _wire(ctx: UIContext, t: CompareTab, go, rand, img_go, swap) -> None:
+    """Events. The Query radio says which input the shown result came from, so changing a model or k
+    re-runs it."""
+    svc, src, max_bytes = ctx.service, ctx.thumbs, ctx.limits.max_upload_bytes
+
+    def cmp_text(a, b, text, picked, k):
+        return compare_text(svc, a, b, text, picked, k, src)
+
+    def cmp_rand(a, b, k, current):
+        try:
+            c = inputs.random_caption(svc, a, exclude=(current or {}).get("id"))
+        except SearchError as e:
+            return gr.skip(), gr.skip(), notice(e.detail, "error")
+        return c["text"], c, cmp_text(a, b, c["text"], c, k)
+
+    def cmp_example(idx, examples, a, b, k):
+        if idx is None or not 0 <= idx < len(examples):
+            return gr.skip(), gr.skip(), gr.skip()
+        c = examples[idx]
+        return c["text"], c, cmp_text(a, b, c["text"], c, k)
+
+    def cmp_image(a, b, image_id, upload, k):
+        return compare_image(svc, a, b, image_id, upload, k, src, max_bytes)
+
+    def cmp_pick(ids, a, b, k, evt: gr.SelectData):
+        if evt.index is None or not 0 <= evt.index < len(ids):
+            return gr.skip(), gr.skip(), gr.skip()
+        return str(ids[evt.index]), None, cmp_image(a, b, ids[evt.index], None, k)
+
+    def cmp_upload(a, b, upload, k):
+        if not upload:
+            return gr.skip(), gr.skip()
+        return "", cmp_image(a, b, None, upload, k)
+
+    def cmp_last(a, b, text, picked, image_id, upload, k, kind):
+        """Re-run the shown compare after a model/k change, if there is one."""
+        if kind == "text" and (text or "").strip():
+            return cmp_text(a, b, text, picked, k)
+        if kind == "image" and (upload or (image_id or "").strip()):
+            return cmp_image(a, b, image_id, upload, k)
+        return gr.skip()
+
+    def cmp_swap(a, b, *rest):
+        return b, a, cmp_last(b, a, *rest)
+
+    t.kind.change(lambda kind: (gr.Column(visible=kind == "text"), gr.Row(visible=kind == "image")), t.kind,
+                  [t.text_panel, t.img_panel])
+    go.click(cmp_text, [t.a, t.b, t.text, t.picked, t.k], t.out)
+    t.text.submit(cmp_text, [t.a, t.b, t.text, t.picked, t.k], t.out)
+    rand.click(cmp_rand, [t.a, t.b, t.k, t.picked], [t.text, t.picked, t.out])
+    t.examples.click(cmp_example, [t.examples, t.examples_state, t.a, t.b, t.k], [t.text, t.picked, t.out])
+    img_go.click(cmp_image, [t.a, t.b, t.img_id, t.upload, t.k], t.out)
+    t.img_id.submit(lambda a, b, i, k: (None, cmp_image(a, b, i, None, k)), [t.a, t.b, t.img_id, t.k],
+                    [t.upload, t.out])
+    t.gallery.select(cmp_pick, [t.gallery_ids, t.a, t.b, t.k], [t.img_id, t.upload, t.out])
+    t.upload.upload(cmp_upload, [t.a, t.b, t.upload, t.k], [t.img_id, t.out])
+    last_inputs = [t.a, t.b, t.text, t.picked, t.img_id, t.upload, t.k, t.kind]
+    for comp in (t.a, t.b, t.k):
+        comp.input(cmp_last, last_inputs, t.out)
+    swap.click(cmp_swap, last_inputs, [t.a, t.b, t.out])
