@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from indexer.corpus import IMAGE_EXTS, check_corpus_inputs, image_files, read_captions_file
 from indexer.embed import embed_captions, embed_image_features, embed_image_files
 from indexer.index import (IndexDir, IndexDirError, Modality, VectorIndex, append_to_index_dir, check_target,
                            open_for_append, relative_to_index, save_index_dir)
@@ -22,7 +23,6 @@ from training.models.dual_encoder import DualEncoder
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
 
 
 @dataclass
@@ -121,32 +121,6 @@ def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str,
                 "dim": int(img_vecs.shape[1]), "normalized": True, "skipped": skipped, "versions": versions()}
     return save_index_dir(out, manifest, Modality(VectorIndex.build(img_vecs, factory), img_vecs, images_meta),
                           Modality(VectorIndex.build(txt_vecs, factory), txt_vecs, captions_meta), overwrite=overwrite)
-
-
-def check_corpus_inputs(images_dir: str | Path | None, captions_file: str | Path | None) -> None:
-    """Fail before any model loads: the folder and the captions file must exist and hold something."""
-    if not images_dir and not captions_file:
-        raise ValueError("a corpus index needs --images-dir and/or --captions-file")
-    if images_dir:
-        folder = Path(images_dir)
-        if not folder.is_dir():
-            raise FileNotFoundError(f"--images-dir: folder not found: {folder}")
-        if not any(p.is_file() and p.suffix.lower() in IMAGE_EXTS for p in folder.rglob("*")):
-            raise ValueError(f"--images-dir: no image files ({', '.join(sorted(IMAGE_EXTS))}) under {folder}")
-    if captions_file:
-        path = Path(captions_file)
-        if not path.is_file():
-            raise FileNotFoundError(f"--captions-file: file not found: {path}")
-
-
-def image_files(folder: Path) -> list[Path]:
-    """The images under ``folder`` (subfolders included), by extension, in a stable order."""
-    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTS)
-
-
-def read_captions_file(path: Path) -> list[str]:
-    """One caption per non-empty line (UTF-8; undecodable bytes replaced)."""
-    return [ln.strip() for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
 
 
 def _corpus_items(lm: LoadedModel, images_dir: str | Path | None, captions_file: str | Path | None, start_image_id: int,

@@ -185,7 +185,8 @@ def _apply(section: Any, values: dict, prefix: str) -> None:
     for k, v in values.items():
         key = f"{prefix}.{k}" if prefix else k
         if k not in known:
-            raise ConfigError(f"unknown config key {key!r}; valid keys here: {', '.join(known)}")
+            hint = did_you_mean(k, list(known))
+            raise ConfigError(f"unknown config key {key!r}{hint}; valid keys here: {', '.join(known)}")
         cur = getattr(section, k)
         if dataclasses.is_dataclass(cur):
             _apply(cur, v, key)
@@ -223,6 +224,29 @@ def list_presets() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files("configs").iterdir() if p.name.endswith(".yaml"))
 
 
+def describe_presets() -> list[tuple[str, str, str]]:
+    """(name, what it is, what it costs on this kind of CPU) of every shipped preset, from the
+    ``# summary:`` and ``# cost …:`` lines at the top of its YAML."""
+    out = []
+    for name in list_presets():
+        head = {}
+        for line in preset_path(name).read_text().splitlines()[:6]:
+            if line.startswith("# summary:"):
+                head["summary"] = line.split(":", 1)[1].strip()
+            elif line.startswith("# cost"):
+                head["cost"] = line.split(":", 1)[1].strip()
+        out.append((name, head.get("summary", ""), head.get("cost", "")))
+    return out
+
+
+def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    """" (did you mean X?)" for the closest choice, or ""."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
                 base: dict | None = None) -> Config:
     """Defaults ← ``base`` dict ← YAML file (path or preset name) ← ``--set`` overrides; validated."""
@@ -234,7 +258,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if not p.is_file():
             pre = preset_path(str(path))
             if pre is None:
-                raise ConfigError(f"config file not found: {path} (presets: {', '.join(list_presets())})")
+                raise ConfigError(f"config file not found: {path}{did_you_mean(Path(str(path)).stem, list_presets())}; "
+                                  f"presets: {', '.join(list_presets())} (ltd train --list-presets)")
             p = pre
         try:
             data = yaml.safe_load(p.read_text()) or {}

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import json
 from pathlib import Path
+
+log = logging.getLogger("ltd.index")
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -41,27 +44,49 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     c.set_defaults(func=cmd_compare)
 
 
-def cmd_index(args: argparse.Namespace) -> int:
-    from indexer.build import append_corpus, build_corpus_index, build_dataset_index
+def check_index_args(args: argparse.Namespace) -> str:
+    """Every input of `ltd index`, checked before anything heavy is imported or loaded; the mode:
+    ``append``, ``corpus`` or ``dataset``."""
+    from indexer.corpus import check_corpus_inputs
+    from indexer.index import check_target, read_manifest
 
-    progress = not args.no_progress
     corpus = args.images_dir or args.captions_file
     if args.dataset and corpus:
         raise ValueError("give either --dataset (a split with ground truth) or --images-dir/--captions-file (a corpus)")
+    if not args.dataset and not corpus:
+        raise ValueError("nothing to index: give --dataset (and --split) or --images-dir/--captions-file")
+    if not Path(args.checkpoint).is_file():
+        raise FileNotFoundError(f"--checkpoint: file not found: {args.checkpoint}")
     if args.append:
         if not corpus:
             raise ValueError("--append adds a corpus (--images-dir/--captions-file) to an existing index")
+        read_manifest(args.out)  # must already be an index
+    else:
+        check_target(Path(args.out), args.overwrite)
+    if corpus:
+        check_corpus_inputs(args.images_dir, args.captions_file)
+        return "append" if args.append else "corpus"
+    if not Path(args.dataset).exists():
+        raise FileNotFoundError(f"--dataset: not found: {args.dataset}")
+    return "dataset"
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    mode = check_index_args(args)
+    log.info("loading the model from %s …", args.checkpoint)
+    from indexer.build import append_corpus, build_corpus_index, build_dataset_index
+
+    progress = not args.no_progress
+    if mode == "append":
         ix = append_corpus(args.out, args.checkpoint, images_dir=args.images_dir, captions_file=args.captions_file,
                            show_progress=progress, device=args.device)
-    elif corpus:
+    elif mode == "corpus":
         ix = build_corpus_index(args.checkpoint, args.out, images_dir=args.images_dir, captions_file=args.captions_file,
                                 factory=args.factory, overwrite=args.overwrite, show_progress=progress, device=args.device)
-    elif args.dataset:
+    else:
         ix = build_dataset_index(args.checkpoint, args.dataset, args.split, args.out, factory=args.factory,
                                  images_root=args.images_root, shortcuts=args.shortcuts, overwrite=args.overwrite,
                                  show_progress=progress, device=args.device)
-    else:
-        raise ValueError("nothing to index: give --dataset (and --split) or --images-dir/--captions-file")
     m = ix.manifest
     print(json.dumps({"index": str(ix.path), "images": m["counts"]["images"], "captions": m["counts"]["captions"],
                       "skipped": len(m.get("skipped", [])), "factory": m["factory"]}))

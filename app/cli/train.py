@@ -33,10 +33,13 @@ def run_name(cfg, config_arg: str | None) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from training.config import list_presets, load_config
+    from training.config import describe_presets, load_config
 
     if args.list_presets:
-        print("\n".join(list_presets()))
+        rows = describe_presets()
+        width = max(len(n) for n, _, _ in rows)
+        for name, summary, cost in rows:
+            print(f"{name:<{width}}  {summary}" + (f"  [{cost}]" if cost else ""))
         return 0
     cfg = load_config(args.config, args.set)
     out = Path(args.out) if args.out else Path("runs") / run_name(cfg, args.config)
