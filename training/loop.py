@@ -59,11 +59,11 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
     the val split (None: every epoch counts as the best); ``data`` is :func:`prepare`'s result when
     the caller has it already; ``resume`` continues the run that ``run_dir`` holds."""
     t_start, tc = time.time(), cfg.train
-    run_dir = Path(run_dir)
-    ckpt = open_run_dir(run_dir, resume)
     device = pick_device(tc.device)
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
+    run_dir = Path(run_dir)
+    ckpt = open_run_dir(run_dir, resume)
 
     # ---- data, model, objective, optimiser -------------------------------------------------------
     random.seed(tc.seed), np.random.seed(tc.seed), torch.manual_seed(tc.seed)
@@ -98,10 +98,9 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
         rsum = float(run_validation(r, validate, weights, epoch=epoch + 1).get("rsum", -1.0))
         improved = validate is None or rsum > r.at.best["rsum"]
         r.at.epoch, r.at.step_in_epoch = epoch + 1, 0
+        r.objective.end_epoch(improved)  # the sh → mh curriculum counts the epochs without val gain
         if improved:
             r.at.best = {"rsum": rsum, "epoch": epoch + 1}
-        r.objective.end_epoch(improved)  # the curriculum counts epochs without val gain
-        if improved:
             save_checkpoint(run_dir / "best.pt", checkpoint_payload(r, weights, resumable=False))
         save_run_checkpoint(r)
         log.info("epoch %d/%d: %.1fs, loss %.4f, val rsum %.1f%s", epoch + 1, tc.epochs, secs,
@@ -248,7 +247,9 @@ def run_epoch(r: Run, epoch: int, batches: list[np.ndarray], swa_model: Averaged
     """The steps of one epoch from ``r.at.step_in_epoch`` on; returns the sums of the loss terms and
     the number of steps taken. Logs every ``log_every`` steps, checkpoints every ``checkpoint_every``."""
     tc = r.cfg.train
-    swa_at = set(np.round(np.linspace(0.9 * len(batches), len(batches) - 1, 5)).astype(int).tolist()) if swa_model else set()
+    swa_at = set()  # SWA: 5 snapshots from the last 10 % of the epoch
+    if swa_model is not None:
+        swa_at = set(np.round(np.linspace(0.9 * len(batches), len(batches) - 1, 5)).astype(int).tolist())
     images = image_batches(r, epoch, batches)
     bar = tqdm(total=len(batches), initial=r.at.step_in_epoch, desc=f"epoch {epoch + 1}/{tc.epochs}", unit="step",
                disable=not show_progress, leave=False)

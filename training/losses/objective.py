@@ -27,7 +27,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+import numpy as np
 import torch.nn as nn
 from torch import Tensor
 
@@ -72,10 +72,11 @@ class TrainingObjective(nn.Module):
     """Contrastive term + reconstruction term, combined (with λ's ascent) and scheduled (curriculum).
 
     ``forward`` returns named terms: ``loss`` (to minimise), detached ``l_con``, ``l_rec`` (with a
-    decoder), ``lambda`` and ``gap`` (constraint, replay), the reconstruction's diagnostic
-    (``rec_cos_sim`` for LTD, ``rec_perplexity`` for ITD) and the contrastive loss's own
-    (``con_<name>``, e.g. ``con_tau``). Its state (:meth:`checkpoint_state`) is what a checkpoint
-    needs to continue it exactly: λ with its optimizer and trace, the curriculum's stage.
+    decoder), ``lambda`` and ``gap`` (constraint, replay), the reconstruction's diagnostics
+    (``rec_cos_sim`` for LTD; ``rec_perplexity``, ``rec_n_tokens`` for ITD) and the contrastive
+    loss's scalar ones (``con_<name>``, e.g. ``con_tau``, ``con_l_i2t``). Its state
+    (:meth:`checkpoint_state`) is what a checkpoint needs to continue it exactly: λ with its
+    optimizer and trace, and the curriculum's stage.
     """
 
     def __init__(self, loss: LossConfig, *, total_steps: int, vocab: Vocab | None = None,
@@ -108,9 +109,8 @@ class TrainingObjective(nn.Module):
         con = self.contrastive(img.float(), txt.float(), image_ids=image_ids)
         rec = None if self.reconstruction is None else self._reconstruct(txt, decoder, captions, targets)
         out = self.combiner(con["loss"], None if rec is None else rec["loss"])
-        out.update({f"con_{k}": v for k, v in con.items() if k != "loss"})
-        if rec is not None:
-            out.update({f"rec_{k}": v for k, v in rec.items() if k != "loss"})
+        for prefix, terms in (("con", con), ("rec", rec or {})):  # the losses' own scalar diagnostics
+            out.update({f"{prefix}_{k}": v for k, v in terms.items() if k != "loss" and v.dim() == 0})
         return out
 
     def _reconstruct(self, txt: Tensor, decoder: nn.Module | None, captions: list[str] | None,
@@ -150,7 +150,7 @@ class TrainingObjective(nn.Module):
 
     # -- logging and checkpoints --------------------------------------------------------------------
     @property
-    def lambda_trace(self):
+    def lambda_trace(self) -> np.ndarray:
         """float32 (steps,): the λ applied at every step so far (empty without constraint/replay)."""
         return self.combiner.lambda_trace
 
