@@ -143,13 +143,128 @@ def test_mid_epoch_checkpoint_resume(tmp_path, monkeypatch):
     assert [r["loss"] for r in _rows(tmp_path / "mid")] == pytest.approx([r["loss"] for r in steps], rel=1e-5)
 
 
-def test_constraint_and_dual_wiring_in_model(tmp_path):
-    """The loop's combination uses the combiner: dual = L_con + β·L_rec on a real batch."""
-    from training.losses import LossCombiner
+def _initial_model_and_first_batch(cfg, data, epoch: int = 0):
+    """The model a run starts from (same seed, same builder) and the caption indices of the first
+    step of ``epoch``: what a hand computation of that step needs."""
+    from training.loop import epoch_batches
+    from training.models.dual_encoder import build_model
 
-    comb = LossCombiner("dual", beta=0.7)
-    out = comb(torch.tensor(2.0), torch.tensor(0.5))
-    assert float(out["loss"]) == pytest.approx(2.0 + 0.7 * 0.5)
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg, data.vocab, feat_dim=data.feat_dim, word_embeddings=data.word_embeddings,
+                        target_dim=int(data.targets.shape[1]) if data.targets is not None else 0,
+                        backbone=data.backbone).train()
+    return model, epoch_batches(cfg.train.seed, epoch, len(data.train_texts), cfg.train.batch_size)[0]
+
+
+def _embed(model, data, idx):
+    """(image, caption) embeddings of training captions ``idx``, as a step computes them (single view)."""
+    ids = torch.as_tensor(data.train_image_index[idx])
+    img = model.encode_image_features(data.image_feats[ids].mean(1))
+    txt = model.encode_text(model.text.prepare([data.train_texts[i] for i in idx], train=True))
+    return img, txt, ids
+
+
+@pytest.mark.parametrize("mode", ["dual", "constraint"])
+def test_constraint_and_dual_wiring_in_model(tmp_path, mode):
+    """Real training steps apply the combination: the first step's loss and gradient norm equal a hand
+    computation of L_con + β·L_rec (dual) or L_con + λ·(L_rec/η − 1) (constraint) from the initial
+    model; every logged step is composed that way; λ follows its ascent on the logged gaps (EMA
+    momentum, projection), one step behind, and the trace file holds what was applied."""
+    import torch.nn.functional as F
+
+    from training.losses import infonce_loss
+    from training.losses.lambda_trace import read_lambda_trace
+    from training.loop import train
+    from training.prepare import prepare
+
+    beta, eta, lam0, lam_lr = 3.0, 0.5, 2.0, 0.05
+    cfg = tiny_config(mode, ["train.epochs=1", f"loss.beta={beta}", f"loss.lambda_init={lam0}",
+                             f"loss.lambda_lr={lam_lr}"])
+    data = prepare(cfg, show_progress=False)
+    run = train(cfg, tmp_path / mode, data=data, show_progress=False).run_dir
+    rows = _rows(run)
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) >= 4
+
+    # step 1 by hand: contrastive + weighted reconstruction, and the norm of its gradient
+    model, idx = _initial_model_and_first_batch(cfg, data)
+    img, txt, ids = _embed(model, data, idx)
+    l_con = infonce_loss(img, txt, cfg.loss.tau, image_ids=ids)
+    l_rec = (1 - F.cosine_similarity(model.decoder(txt), data.targets[idx], dim=-1)).mean()
+    loss = l_con + (beta * l_rec if mode == "dual" else lam0 * (l_rec / eta - 1))
+    loss.backward()
+    gnorm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
+    first = rows[0]
+    assert (first["l_con"], first["l_rec"]) == pytest.approx((float(l_con.detach()), float(l_rec.detach())), abs=2e-6)
+    assert first["loss"] == pytest.approx(float(loss.detach()), abs=5e-6)
+    assert first["grad_norm"] == pytest.approx(float(gnorm), rel=2e-6)
+
+    if mode == "dual":
+        for r in rows:
+            assert "lambda" not in r
+            assert r["loss"] == pytest.approx(r["l_con"] + beta * r["l_rec"], abs=5e-6), r["step"]
+        return
+    lam, momentum = lam0, None
+    for r in rows:
+        assert r["lambda"] == pytest.approx(lam, abs=1e-5), r["step"]
+        assert r["gap"] == pytest.approx(r["l_rec"] / eta - 1, abs=5e-6)
+        assert r["loss"] == pytest.approx(r["l_con"] + lam * r["gap"], abs=2e-5)
+        # SGD(momentum 0.9, dampening 0.9, maximize): the buffer is an EMA of the gap, seeded by the first
+        momentum = r["gap"] if momentum is None else 0.9 * momentum + 0.1 * r["gap"]
+        lam = min(max(lam + lam_lr * momentum, 0.0), cfg.loss.lambda_max)
+    assert len({r["lambda"] for r in rows}) == len(rows)  # it moved at every step
+    trace, trace_eta = read_lambda_trace(run)
+    assert trace_eta == eta and trace.tolist() == pytest.approx([r["lambda"] for r in rows], abs=1e-6)
+
+
+def _hinges(img, txt, ids, margin):
+    """(sum of hinges, max of hinges) by hand: both directions, summed over the batch; captions of the
+    same image are not negatives."""
+    s = img @ txt.t()
+    pos = s.diagonal()
+    neg = (ids[:, None] != ids[None, :]).float()
+    c_i2t = (margin + s - pos[:, None]).clamp(min=0) * neg  # image i as query
+    c_t2i = (margin + s - pos[None, :]).clamp(min=0) * neg  # caption j as query
+    return float(c_i2t.sum() + c_t2i.sum()), float(c_i2t.max(1).values.sum() + c_t2i.max(0).values.sum())
+
+
+def test_sh_mh_curriculum_switches_after_patience_to_max_of_hinges(tmp_path, monkeypatch):
+    """sh_mh trains with the sum of hinges until val rsum has not improved for `curriculum_patience`
+    epochs, then with the max of hinges: the switch comes exactly then, is checkpointed, and the loss
+    after it is the max of hinges of the model it switched with (the loss before it the sum)."""
+    from training import loop
+    from training.checkpoint import load_checkpoint, model_from_checkpoint
+    from training.prepare import prepare
+
+    cfg = tiny_config("none", ["loss.contrastive=sh_mh", "loss.curriculum_patience=2", "train.epochs=5"])
+    data = prepare(cfg, show_progress=False)
+    rsums = iter([0.0, 10.0, 12.0, 11.0, 11.5, 30.0])  # epochs 0..5: gains at 1 and 2, none at 3 and 4
+    real_save = loop.save_checkpoint
+
+    def keep_switch_checkpoint(path, payload):
+        real_save(path, payload)
+        if path.name == "checkpoint.pt" and payload["epoch"] == 4 and payload["step_in_epoch"] == 0:
+            real_save(tmp_path / "after_epoch4.pt", payload)
+
+    monkeypatch.setattr(loop, "save_checkpoint", keep_switch_checkpoint)
+    run = loop.train(cfg, tmp_path / "run", data=data, validate=lambda m: {"rsum": next(rsums)},
+                     show_progress=False).run_dir
+    rows = _rows(run)
+    assert {e: {r["contrastive"] for r in rows if r["epoch"] == e} for e in range(1, 6)} == {
+        1: {"sh"}, 2: {"sh"}, 3: {"sh"}, 4: {"sh"}, 5: {"mh"}}
+    ck = load_checkpoint(tmp_path / "after_epoch4.pt")
+    assert (ck["contrastive"], ck["stale_epochs"]) == ("mh", 0)  # a resumed run continues with mh
+
+    margin = cfg.loss.margin
+    model, idx = _initial_model_and_first_batch(cfg, data)
+    with torch.no_grad():
+        sh, mh = _hinges(*_embed(model, data, idx), margin)
+    assert rows[0]["l_con"] == pytest.approx(sh, rel=1e-5) and abs(sh - mh) > 1.0
+    model, _, _ = model_from_checkpoint(ck)
+    _, idx = _initial_model_and_first_batch(cfg, data, epoch=4)
+    with torch.no_grad():
+        sh, mh = _hinges(*_embed(model, data, idx), margin)
+    first_mh = next(r for r in rows if r["epoch"] == 5)
+    assert first_mh["l_con"] == pytest.approx(mh, rel=1e-5) and abs(sh - mh) > 1.0
 
 
 def test_itd_and_triplet_and_ifm_runs(tmp_path):
@@ -157,8 +272,7 @@ def test_itd_and_triplet_and_ifm_runs(tmp_path):
 
     for extra in (["loss.mode=dual", "loss.decoder=itd", "train.epochs=1"],
                   ["loss.contrastive=triplet", "model.batchnorm=true", "train.epochs=1"],
-                  ["loss.contrastive=ifm", "train.epochs=1"],
-                  ["loss.contrastive=sh_mh", "loss.curriculum_patience=1", "train.epochs=2"]):
+                  ["loss.contrastive=ifm", "train.epochs=1"]):
         res = train_run(tiny_config("none", extra), tmp_path / "_".join(extra[0].split(".")), show_progress=False)
         rows = _rows(res.run_dir)
         assert np.isfinite([r["loss"] for r in rows]).all()

@@ -1,7 +1,10 @@
 """Checkpoints: one ``torch.save`` dict of plain types, written to a temp file then renamed.
 
 Keys: ``model optimizer scheduler constraint epoch step config vocab versions rng`` plus what a
-model needs to rebuild itself (``target_dim``, ``feat_dim``, ``excluded_prefixes``). Frozen
+model needs to rebuild itself (``target_dim``, ``feat_dim``, ``excluded_prefixes``) and what a
+resumed run continues from (:func:`training_checkpoint` writes them all, :func:`restore_training`
+reads them back). ``epoch``/``step_in_epoch`` name the *next* step to run, ``step`` the optimizer
+steps taken. Frozen
 pretrained parts (a packaged backbone, a frozen sentence encoder) are not stored: they are rebuilt
 from their package or folder, listed in ``excluded_prefixes``; fine-tuned ones are stored.
 
@@ -17,7 +20,9 @@ from __future__ import annotations
 import pickle
 import platform
 import random
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,6 +31,9 @@ from training.config import Config, config_from_dict
 from training.fsio import atomic_path, remove_stale_temps, sha256_file  # noqa: F401 (sha256_file re-exported)
 from training.data.vocab import Vocab
 from training.models.dual_encoder import DualEncoder, build_model
+
+if TYPE_CHECKING:
+    from training.prepare import TrainingData
 
 BACKBONE_PREFIX = "image.backbone."
 
@@ -73,6 +81,52 @@ def _legacy_globals() -> list:
 def model_state(model: DualEncoder, exclude: list[str]) -> dict:
     """The state dict without the frozen pretrained parts (``exclude`` prefixes) that rebuild from packages."""
     return {k: v for k, v in model.state_dict().items() if not any(k.startswith(p) for p in exclude)}
+
+
+@dataclass
+class TrainingProgress:
+    """Where a run stands; a checkpoint stores it and a resumed run continues from it."""
+
+    epoch: int = 0  # the epoch of the next step (0-based)
+    step_in_epoch: int = 0  # the next step's index inside that epoch
+    step: int = 0  # optimizer steps taken so far
+    best: dict = field(default_factory=lambda: {"rsum": -1.0, "epoch": -1})  # best val rsum and its epoch (1-based)
+
+
+def training_checkpoint(cfg: Config, data: TrainingData, weights: DualEncoder, at: TrainingProgress,
+                        objective_state: dict, *, optimizer: torch.optim.Optimizer | None = None,
+                        scheduler=None, scaler=None) -> dict:
+    """The payload of ``checkpoint.pt`` (resumable: pass the optimizer, scheduler and AMP scaler) or
+    ``best.pt`` (weights only: ``optimizer``/``scheduler`` are None). ``objective_state`` is
+    :meth:`TrainingObjective.checkpoint_state` (λ with its optimizer and trace, the curriculum)."""
+    m = cfg.model
+    trained = not m.freeze_backbone or 0 <= m.unfreeze_after_epoch < at.epoch  # backbone weights changed
+    state = {"optimizer": None, "scheduler": None} if optimizer is None else {
+        "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict()}
+    excluded = weights.frozen_prefixes(backbone_trained=trained)
+    embed = getattr(weights.text, "embed", None)
+    return {"model": model_state(weights, excluded), "excluded_prefixes": excluded, **state,
+            "constraint": objective_state["constraint"], "epoch": at.epoch, "step_in_epoch": at.step_in_epoch,
+            "step": at.step, "config": cfg.to_dict(), "vocab": data.vocab.to_dict(), "versions": versions(),
+            "rng": rng_state(), "best": at.best, "stale_epochs": objective_state["stale_epochs"],
+            "contrastive": objective_state["contrastive"],
+            "target_dim": int(data.targets.shape[1]) if data.targets is not None else 0,
+            "feat_dim": data.feat_dim, "word_dim": int(embed.weight.shape[1]) if embed is not None else m.word_dim,
+            "backbone_in_state": trained, "backbone_trained": trained, "feature_key": data.feature_key,
+            "dataset": {"name": data.dataset.name, "json": str(data.dataset.json_path)}}
+
+
+def restore_training(ckpt: dict, model: DualEncoder, optimizer: torch.optim.Optimizer, scheduler,
+                     scaler=None) -> TrainingProgress:
+    """Load a resumable checkpoint's model, optimizer, scheduler (and AMP scaler, when given and
+    saved) state; returns where the run stands. The objective's state is the objective's to load."""
+    model.load_state_dict(ckpt["model"], strict=False)
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    if scaler is not None and "scaler" in ckpt:
+        scaler.load_state_dict(ckpt["scaler"])
+    return TrainingProgress(epoch=ckpt["epoch"], step_in_epoch=ckpt["step_in_epoch"], step=ckpt["step"],
+                            best=ckpt["best"])
 
 
 def save_checkpoint(path: str | Path, payload: dict) -> Path:

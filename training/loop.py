@@ -1,5 +1,9 @@
 """The training loop. Read it top to bottom: set-up, resume, epochs of steps, validation, checkpoints.
 
+What is minimised is the training objective's business (``training/losses/objective.py``: the
+contrastive term, LTD/ITD reconstruction, their combination with λ, the sh → mh curriculum); the
+checkpoint's contents are ``training/checkpoint.py``'s. This file only orders the work.
+
 Determinism: the caption order of epoch e is a permutation seeded by (seed, e), and every random
 choice inside step s (cached view, token dropout, augmentation) uses a generator seeded by
 (seed, e, s). A resumed run therefore replays exactly the steps an uninterrupted run would take.
@@ -11,8 +15,8 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +24,16 @@ import torch
 from torch.optim.swa_utils import AveragedModel
 from tqdm.auto import tqdm
 
-from training.checkpoint import load_checkpoint, model_state, rng_state, save_checkpoint, versions
+from training.checkpoint import (
+    TrainingProgress,
+    load_checkpoint,
+    restore_training,
+    save_checkpoint,
+    training_checkpoint,
+)
 from training.config import Config, dump_config
-from training.losses import build_contrastive_loss, cosine_reconstruction_loss, token_nll_loss
-from training.losses.lambda_trace import build_combiner, write_lambda_trace
-from training.models.decoders import InputTokenDecoder
+from training.data.image_batches import AugmentedImageBatches
+from training.losses.objective import TrainingObjective
 from training.models.dual_encoder import DualEncoder, build_model
 from training.models.text_encoder import move_batch
 from training.prepare import TrainingData, prepare
@@ -41,6 +50,148 @@ class RunResult:
     best_epoch: int
     epochs: int
     seconds: float
+
+
+def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None, resume: bool = False,
+          data: TrainingData | None = None, show_progress: bool = True) -> RunResult:
+    """Train ``cfg`` into ``run_dir``: checkpoint.pt (resumable), best.pt (best val rsum), metrics.jsonl,
+    config.yaml and, with a λ, lambda_trace.npz. ``validate(model) -> {"rsum": …}`` scores a model on
+    the val split (None: every epoch counts as the best); ``data`` is :func:`prepare`'s result when
+    the caller has it already; ``resume`` continues the run that ``run_dir`` holds."""
+    t_start, tc = time.time(), cfg.train
+    device = pick_device(tc.device)
+    if tc.num_threads:
+        torch.set_num_threads(tc.num_threads)
+    run_dir = Path(run_dir)
+    ckpt = open_run_dir(run_dir, resume)
+
+    # ---- data, model, objective, optimiser -------------------------------------------------------
+    random.seed(tc.seed), np.random.seed(tc.seed), torch.manual_seed(tc.seed)
+    data = data or prepare(cfg, show_progress=show_progress, device=str(device))
+    r = set_up(cfg, data, device, run_dir, show_progress)
+
+    # ---- resume ----------------------------------------------------------------------------------
+    if ckpt is not None:
+        r.at = restore_training(ckpt, r.model, r.optimizer, r.scheduler, r.scaler if r.use_amp else None)
+        r.objective.load_checkpoint_state(ckpt)
+        log.info("resumed %s at epoch %d step %d", run_dir, r.at.epoch, r.at.step)
+    dump_config(cfg, run_dir / "config.yaml")
+    r.mlog = MetricsLog(run_dir / "metrics.jsonl", resume_step=r.at.step if ckpt is not None else None)
+    if ckpt is None and validate is not None:
+        r0 = run_validation(r, validate, r.model, epoch=0)
+        log.info("epoch 0 (untrained) val rsum %.1f", r0.get("rsum", float("nan")))
+
+    # ---- epochs ----------------------------------------------------------------------------------
+    r.model.train()
+    for epoch in range(r.at.epoch, tc.epochs):
+        unfreeze_backbone_if_due(r, epoch)
+        batches = epoch_batches(tc.seed, epoch, len(data.train_texts), tc.batch_size)
+        swa_model = AveragedModel(r.model, use_buffers=True) if tc.swa else None
+        t_epoch = time.time()
+        sums, n_steps = run_epoch(r, epoch, batches, swa_model, show_progress)
+        secs = time.time() - t_epoch
+        r.mlog.write(type="epoch", epoch=epoch + 1, step=r.at.step, seconds=secs,
+                     **{f"mean_{k}": v / max(1, n_steps) for k, v in sums.items() if v})
+
+        # ---- validation, best checkpoint, curriculum, checkpoint ---------------------------------
+        weights = swa_model.module if swa_model is not None else r.model
+        rsum = float(run_validation(r, validate, weights, epoch=epoch + 1).get("rsum", -1.0))
+        improved = validate is None or rsum > r.at.best["rsum"]
+        r.at.epoch, r.at.step_in_epoch = epoch + 1, 0
+        r.objective.end_epoch(improved)  # the sh → mh curriculum counts the epochs without val gain
+        if improved:
+            r.at.best = {"rsum": rsum, "epoch": epoch + 1}
+            save_checkpoint(run_dir / "best.pt", checkpoint_payload(r, weights, resumable=False))
+        save_run_checkpoint(r)
+        log.info("epoch %d/%d: %.1fs, loss %.4f, val rsum %.1f%s", epoch + 1, tc.epochs, secs,
+                 sums["loss"] / max(1, n_steps), rsum, " (best)" if improved else "")
+    return RunResult(run_dir=run_dir, best_rsum=r.at.best["rsum"], best_epoch=r.at.best["epoch"],
+                     epochs=tc.epochs, seconds=time.time() - t_start)
+
+
+# ---- set-up --------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    """What a run holds between its steps: the set-up, and where it stands (``at``)."""
+
+    cfg: Config
+    data: TrainingData
+    run_dir: Path
+    device: torch.device
+    model: DualEncoder
+    objective: TrainingObjective
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+    use_amp: bool
+    backbone_params: list[torch.nn.Parameter]
+    train_img: np.ndarray  # dataset image index of each training caption
+    at: TrainingProgress = field(default_factory=TrainingProgress)
+    mlog: MetricsLog | None = None
+
+
+def open_run_dir(run_dir: Path, resume: bool) -> dict | None:
+    """The checkpoint to resume from (None: a new run); refuses to overwrite a run without ``resume``."""
+    ckpt_path = run_dir / "checkpoint.pt"
+    if ckpt_path.exists() and not resume:
+        raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
+    ckpt = load_checkpoint(ckpt_path) if resume and ckpt_path.exists() else None
+    if resume and ckpt is None:
+        log.warning("--resume: no checkpoint in %s, starting a new run", run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return ckpt
+
+
+def set_up(cfg: Config, data: TrainingData, device: torch.device, run_dir: Path, show_progress: bool) -> Run:
+    """Model (seeded), its data-fitted parts, the objective, optimiser, LR schedule and AMP scaler."""
+    tc, oc = cfg.train, cfg.optim
+    target_dim = int(data.targets.shape[1]) if data.targets is not None else 0
+    torch.manual_seed(tc.seed)
+    model = build_model(cfg, data.vocab, feat_dim=data.feat_dim, target_dim=target_dim,
+                        word_embeddings=data.word_embeddings, backbone=data.backbone).to(device)
+    train_img = data.train_image_index
+    fit_to_training_data(model, data, train_img, cfg, show_progress)
+    optimizer, backbone_params = build_optimizer(model, cfg)
+    steps_per_epoch = len(epoch_batches(tc.seed, 0, len(data.train_texts), tc.batch_size))
+    if not steps_per_epoch:
+        raise ValueError(f"train split has {len(data.train_texts)} captions: fewer than 2, nothing to train on")
+    total_steps = steps_per_epoch * tc.epochs
+    objective = TrainingObjective(cfg.loss, total_steps=total_steps, vocab=data.vocab,
+                                  max_caption_len=cfg.data.max_caption_len)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(oc.warmup_steps, total_steps, oc.schedule, oc.min_lr_ratio))
+    use_amp = device.type == "cuda" and tc.amp
+    return Run(cfg=cfg, data=data, run_dir=run_dir, device=device, model=model, objective=objective,
+               optimizer=optimizer, scheduler=scheduler, scaler=torch.amp.GradScaler("cuda", enabled=use_amp),
+               use_amp=use_amp, backbone_params=backbone_params, train_img=train_img)
+
+
+def fit_to_training_data(model: DualEncoder, data: TrainingData, train_img: np.ndarray, cfg: Config,
+                         show_progress: bool) -> None:
+    """What the model takes from its training data before the first step (no gradient involved)."""
+    if model.image.fne is not None:  # FNE: standardisation statistics of the training images
+        model.image.fne.fit(data.image_feats[np.unique(train_img)].mean(1))
+    if getattr(model.text, "frozen", False):
+        # A frozen sentence encoder: embed every training caption once (disk-cached; the same cache
+        # as LTD targets when the texts and model agree), so each step runs the projection head only.
+        from training.targets import compute_targets
+        emb = compute_targets(data.train_texts, cfg.model.sbert_path, cache_dir=cfg.data.cache_dir,
+                              show_progress=show_progress)
+        model.text.remember(data.train_texts, torch.from_numpy(emb))
+
+
+def build_optimizer(model: DualEncoder, cfg: Config) -> tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]:
+    """Adam(W) over the model; the backbone is its own group (lr × backbone_lr_scale), present from the
+    start so that its optimiser state survives unfreezing and resume."""
+    oc = cfg.optim
+    backbone_params = list(model.image.backbone.parameters()) if model.image.backbone is not None else []
+    bb_ids = {id(p) for p in backbone_params}
+    groups = [{"params": [p for p in model.parameters() if id(p) not in bb_ids], "lr": oc.lr}]
+    if backbone_params:
+        groups.append({"params": backbone_params, "lr": oc.lr * cfg.model.backbone_lr_scale})
+    opt_cls = torch.optim.AdamW if oc.optimizer == "adamw" else torch.optim.Adam
+    # fused=True: one kernel for all parameters (3x faster optimiser steps on CPU than the default)
+    return opt_cls(groups, lr=oc.lr, weight_decay=oc.weight_decay, fused=True), backbone_params
 
 
 def pick_device(name: str) -> torch.device:
@@ -69,6 +220,133 @@ def lr_lambda(warmup: int, total: int, schedule: str, min_ratio: float) -> Calla
     return f
 
 
+# ---- epochs of steps -----------------------------------------------------------------------------
+def unfreeze_backbone_if_due(r: Run, epoch: int) -> None:
+    m = r.cfg.model
+    due = (not m.freeze_backbone) or (0 <= m.unfreeze_after_epoch <= epoch)
+    if due and r.model.image.backbone is not None and r.model.image.frozen:
+        log.info("epoch %d: fine-tuning the backbone end to end (lr x %g)", epoch + 1, m.backbone_lr_scale)
+        r.model.image.frozen = False
+        for p in r.backbone_params:
+            p.requires_grad_(True)
+
+
+def image_batches(r: Run, epoch: int, batches: list[np.ndarray]) -> Iterator[torch.Tensor] | None:
+    """End to end: augmented image batches from the files, from this epoch's next step on (two worker
+    processes decode ahead). None while the backbone is frozen (its features are cached)."""
+    if r.model.image.frozen:
+        return None
+    paths = [im.path for im in r.data.dataset.images]
+    ds = AugmentedImageBatches(paths, r.model.image.backbone.preprocess, [r.train_img[b] for b in batches],
+                               r.cfg.train.seed, epoch, r.at.step_in_epoch)
+    return iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, prefetch_factor=2))
+
+
+def run_epoch(r: Run, epoch: int, batches: list[np.ndarray], swa_model: AveragedModel | None,
+              show_progress: bool) -> tuple[dict[str, float], int]:
+    """The steps of one epoch from ``r.at.step_in_epoch`` on; returns the sums of the loss terms and
+    the number of steps taken. Logs every ``log_every`` steps, checkpoints every ``checkpoint_every``."""
+    tc = r.cfg.train
+    swa_at = set()  # SWA: 5 snapshots from the last 10 % of the epoch
+    if swa_model is not None:
+        swa_at = set(np.round(np.linspace(0.9 * len(batches), len(batches) - 1, 5)).astype(int).tolist())
+    images = image_batches(r, epoch, batches)
+    bar = tqdm(total=len(batches), initial=r.at.step_in_epoch, desc=f"epoch {epoch + 1}/{tc.epochs}", unit="step",
+               disable=not show_progress, leave=False)
+    sums, n_steps = {"loss": 0.0, "l_con": 0.0, "l_rec": 0.0}, 0
+    for s in range(r.at.step_in_epoch, len(batches)):
+        step_seed = int(np.random.default_rng([tc.seed, epoch, s]).integers(2**62))
+        gen = torch.Generator().manual_seed(step_seed)
+        torch.manual_seed(step_seed)  # dropout layers draw from the global generator
+        out, gnorm = train_step(r, batches[s], gen, images)
+        r.at.step, r.at.step_in_epoch = r.at.step + 1, s + 1
+        n_steps += 1
+        for k in sums:
+            if k in out and out[k] is not None:
+                sums[k] += float(out[k].detach())
+        if swa_model is not None and s in swa_at:
+            swa_model.update_parameters(r.model)
+        if r.at.step % tc.log_every == 0 or s == len(batches) - 1:
+            r.mlog.write(**step_row(epoch, r.at.step, out, r.scheduler.get_last_lr()[0], gnorm,
+                                    r.objective.contrastive_name))
+        if tc.checkpoint_every and r.at.step % tc.checkpoint_every == 0 and s < len(batches) - 1:
+            save_run_checkpoint(r)
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(out['loss'].detach()):.3f}",
+                        **({"lam": f"{float(out['lambda']):.2f}"} if "lambda" in out else {}))
+    bar.close()
+    return sums, n_steps
+
+
+def train_step(r: Run, idx: np.ndarray, gen: torch.Generator,
+               images: Iterator[torch.Tensor] | None) -> tuple[dict[str, torch.Tensor], float]:
+    """One optimiser step on the captions ``idx`` (and their images); returns the objective's terms
+    and the gradient norm before clipping. Random choices draw from ``gen``."""
+    model, device, data = r.model, r.device, r.data
+    img_ids = torch.as_tensor(r.train_img[idx])
+    with torch.autocast(device.type, dtype=torch.float16, enabled=r.use_amp):
+        if images is not None:
+            img_emb = model.image(next(images).to(device, non_blocking=True))
+        else:
+            f = data.image_feats[img_ids]  # (B, V, D) cached views, on the CPU
+            if r.cfg.train.multi_view and f.shape[1] > 1:  # one random view per image
+                f = f[torch.arange(len(idx)), torch.randint(f.shape[1], (len(idx),), generator=gen)]
+            else:
+                f = f.mean(1)
+            img_emb = model.encode_image_features(f.to(device, non_blocking=True))
+        texts = [data.train_texts[i] for i in idx]
+        txt_emb = model.encode_text(move_batch(model.text.prepare(texts, train=True, generator=gen), device))
+        out = r.objective(img_emb, txt_emb, image_ids=img_ids.to(device), decoder=model.decoder, captions=texts,
+                          targets=data.targets[idx] if data.targets is not None else None)
+    r.optimizer.zero_grad(set_to_none=True)
+    r.scaler.scale(out["loss"]).backward()
+    r.scaler.unscale_(r.optimizer)
+    params = [p for g in r.optimizer.param_groups for p in g["params"] if p.grad is not None]
+    clip = r.cfg.optim.grad_clip
+    gnorm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+    r.scaler.step(r.optimizer)
+    r.scaler.update()
+    r.scheduler.step()
+    r.objective.step_done(out)  # after the model's step: λ's own ascent step
+    return out, float(gnorm)
+
+
+def step_row(epoch: int, step: int, out: dict[str, torch.Tensor], lr: float, grad_norm: float,
+             contrastive: str) -> dict:
+    """A metrics.jsonl line for a step (keys in a fixed order: readers and plots rely on the names)."""
+    row = {"type": "step", "epoch": epoch + 1, "step": step, "loss": float(out["loss"].detach()),
+           "l_con": float(out["l_con"].detach()), "lr": lr, "grad_norm": grad_norm, "contrastive": contrastive}
+    if "l_rec" in out:
+        row["l_rec"] = float(out["l_rec"].detach())
+    if "lambda" in out:
+        row["lambda"], row["gap"] = float(out["lambda"]), float(out["gap"])
+    return row
+
+
+# ---- validation and checkpoints ------------------------------------------------------------------
+def run_validation(r: Run, validate: Validator | None, weights: DualEncoder, epoch: int) -> dict:
+    """``validate(weights)`` in eval mode without gradients, logged as a ``val`` line ({} without one)."""
+    if validate is None:
+        return {}
+    weights.eval()
+    with torch.no_grad():
+        res = validate(weights)
+    weights.train()
+    r.mlog.write(type="val", epoch=epoch, step=r.at.step, **res)
+    return res
+
+
+def checkpoint_payload(r: Run, weights: DualEncoder, resumable: bool = True) -> dict:
+    opt = {"optimizer": r.optimizer, "scheduler": r.scheduler, "scaler": r.scaler} if resumable else {}
+    return training_checkpoint(r.cfg, r.data, weights, r.at, r.objective.checkpoint_state(), **opt)
+
+
+def save_run_checkpoint(r: Run) -> None:
+    """checkpoint.pt at the current position, and the λ trace beside it (both whole or absent)."""
+    save_checkpoint(r.run_dir / "checkpoint.pt", checkpoint_payload(r, r.model))
+    r.objective.save_trace(r.run_dir)
+
+
 class MetricsLog:
     """metrics.jsonl: one JSON object per line. On resume, lines past the checkpoint are dropped."""
 
@@ -85,253 +363,3 @@ class MetricsLog:
         clean = {k: (round(float(v), 6) if isinstance(v, (float, np.floating)) else v) for k, v in row.items()}
         with open(self.path, "a") as f:
             f.write(json.dumps(clean) + "\n")
-
-
-class _ImageBatches(torch.utils.data.Dataset):
-    """End-to-end training: one item = one batch of augmented images (random resized crop + flip)."""
-
-    def __init__(self, paths: list[Path], pre, batches: list[np.ndarray], seed: int, epoch: int, skip: int):
-        self.paths, self.pre, self.batches, self.seed, self.epoch, self.skip = paths, pre, batches, seed, epoch, skip
-
-    def __len__(self) -> int:
-        return len(self.batches) - self.skip
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        from training.data.images import load_image
-        s = i + self.skip
-        rng = np.random.default_rng([self.seed, self.epoch, s, 7])
-        out = []
-        for idx in self.batches[s]:
-            img = load_image(self.paths[idx])
-            w, h = img.size
-            scale, ratio = rng.uniform(0.5, 1.0), math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
-            cw = min(w, int(round(math.sqrt(scale * w * h * ratio))))
-            ch = min(h, int(round(math.sqrt(scale * w * h / ratio))))
-            x0, y0 = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
-            img = img.crop((x0, y0, x0 + cw, y0 + ch)).resize((self.pre.size, self.pre.size))
-            if rng.random() < 0.5:
-                img = img.transpose(0)  # FLIP_LEFT_RIGHT
-            out.append(self.pre.to_tensor(img))
-        return torch.stack(out)
-
-
-def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None, resume: bool = False,
-          data: TrainingData | None = None, show_progress: bool = True) -> RunResult:
-    run_dir = Path(run_dir)
-    t_start = time.time()
-    tc, oc, lc = cfg.train, cfg.optim, cfg.loss
-    device = pick_device(tc.device)
-    if tc.num_threads:
-        torch.set_num_threads(tc.num_threads)
-    ckpt_path, best_path = run_dir / "checkpoint.pt", run_dir / "best.pt"
-    if ckpt_path.exists() and not resume:
-        raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
-    ckpt = load_checkpoint(ckpt_path) if resume and ckpt_path.exists() else None
-    if resume and ckpt is None:
-        log.warning("--resume: no checkpoint in %s, starting a new run", run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-
-    # ---- data, model, losses, optimiser -------------------------------------------------------
-    random.seed(tc.seed), np.random.seed(tc.seed), torch.manual_seed(tc.seed)
-    data = data or prepare(cfg, show_progress=show_progress, device=str(device))
-    target_dim = int(data.targets.shape[1]) if data.targets is not None else 0
-    torch.manual_seed(tc.seed)
-    model = build_model(cfg, data.vocab, feat_dim=data.feat_dim, target_dim=target_dim,
-                        word_embeddings=data.word_embeddings, backbone=data.backbone).to(device)
-    train_img = data.train_image_index
-    feats = data.image_feats  # (N_all, V, D) on the CPU; batches are gathered then moved
-    if model.image.fne is not None:
-        model.image.fne.fit(feats[np.unique(train_img)].mean(1))
-    if getattr(model.text, "frozen", False):
-        # A frozen sentence encoder: embed every training caption once (disk-cached; the same cache
-        # as LTD targets when the texts and model agree), so each step runs the projection head only.
-        from training.targets import compute_targets
-        emb = compute_targets(data.train_texts, cfg.model.sbert_path, cache_dir=cfg.data.cache_dir,
-                              show_progress=show_progress)
-        model.text.remember(data.train_texts, torch.from_numpy(emb))
-    contrastive_name = "sh" if lc.contrastive == "sh_mh" else lc.contrastive
-    contrastive = build_contrastive_loss(contrastive_name, tau=lc.tau, margin=lc.margin, epsilon=lc.ifm_epsilon)
-    backbone_params = list(model.image.backbone.parameters()) if model.image.backbone is not None else []
-    bb_ids = {id(p) for p in backbone_params}
-    other = [p for p in model.parameters() if id(p) not in bb_ids]
-    groups = [{"params": other, "lr": oc.lr}]
-    if backbone_params:  # present from the start so optimiser state survives unfreezing and resume
-        groups.append({"params": backbone_params, "lr": oc.lr * cfg.model.backbone_lr_scale})
-    opt_cls = torch.optim.AdamW if oc.optimizer == "adamw" else torch.optim.Adam
-    # fused=True: one kernel for all parameters (3x faster optimiser steps on CPU than the default)
-    optimizer = opt_cls(groups, lr=oc.lr, weight_decay=oc.weight_decay, fused=True)
-    batches0 = epoch_batches(tc.seed, 0, len(data.train_texts), tc.batch_size)
-    if not batches0:
-        raise ValueError(f"train split has {len(data.train_texts)} captions: fewer than 2, nothing to train on")
-    steps_per_epoch = len(batches0)
-    total_steps = steps_per_epoch * tc.epochs
-    combiner = build_combiner(lc, total_steps)  # replay: reads and checks the logged λ schedule
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(oc.warmup_steps, total_steps, oc.schedule, oc.min_lr_ratio))
-    use_amp = device.type == "cuda" and tc.amp
-    scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
-
-    # ---- resume ----------------------------------------------------------------------------------
-    epoch, step_in_epoch, global_step = 0, 0, 0
-    best = {"rsum": -1.0, "epoch": -1}
-    stale_epochs = 0
-    if ckpt is not None:
-        model.load_state_dict(ckpt["model"], strict=False)
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        combiner.load_state_dict(ckpt["constraint"])
-        epoch, step_in_epoch, global_step = ckpt["epoch"], ckpt["step_in_epoch"], ckpt["step"]
-        best, stale_epochs = ckpt["best"], ckpt.get("stale_epochs", 0)
-        contrastive_name = ckpt.get("contrastive", contrastive_name)
-        contrastive = build_contrastive_loss(contrastive_name, tau=lc.tau, margin=lc.margin, epsilon=lc.ifm_epsilon)
-        if "scaler" in ckpt and use_amp:
-            scaler.load_state_dict(ckpt["scaler"])
-        log.info("resumed %s at epoch %d step %d", run_dir, epoch, global_step)
-    dump_config(cfg, run_dir / "config.yaml")
-    mlog = MetricsLog(run_dir / "metrics.jsonl", resume_step=global_step if ckpt is not None else None)
-
-    def payload(next_epoch: int, next_step: int, weights: DualEncoder, resumable: bool = True) -> dict:
-        trained = not cfg.model.freeze_backbone or 0 <= cfg.model.unfreeze_after_epoch < next_epoch
-        state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                 "scaler": scaler.state_dict()} if resumable else {"optimizer": None, "scheduler": None}
-        excluded = weights.frozen_prefixes(backbone_trained=trained)
-        return {"model": model_state(weights, excluded), "excluded_prefixes": excluded, **state,
-                "constraint": combiner.state_dict(),
-                "epoch": next_epoch, "step_in_epoch": next_step, "step": global_step, "config": cfg.to_dict(),
-                "vocab": data.vocab.to_dict(), "versions": versions(), "rng": rng_state(), "best": best,
-                "stale_epochs": stale_epochs, "contrastive": contrastive_name, "target_dim": target_dim,
-                "feat_dim": data.feat_dim, "word_dim": int(getattr(model.text, "embed").weight.shape[1])
-                if hasattr(model.text, "embed") else cfg.model.word_dim, "backbone_in_state": trained,
-                "backbone_trained": trained, "feature_key": data.feature_key, "dataset": {
-                    "name": data.dataset.name, "json": str(data.dataset.json_path)}}
-
-    def save_trace() -> None:
-        """λ of every step so far, next to the checkpoint (a replay run's source)."""
-        if lc.mode in ("constraint", "replay"):
-            write_lambda_trace(run_dir, combiner.lambda_trace, lc.eta)
-
-    def run_validation(weights: DualEncoder, ep: int) -> dict:
-        if validate is None:
-            return {}
-        weights.eval()
-        with torch.no_grad():
-            res = validate(weights)
-        weights.train()
-        mlog.write(type="val", epoch=ep, step=global_step, **res)
-        return res
-
-    if ckpt is None and validate is not None:
-        r0 = run_validation(model, 0)
-        log.info("epoch 0 (untrained) val rsum %.1f", r0.get("rsum", float("nan")))
-
-    # ---- epochs ----------------------------------------------------------------------------------
-    model.train()
-    for epoch in range(epoch, tc.epochs):
-        unfrozen = (not cfg.model.freeze_backbone) or (0 <= cfg.model.unfreeze_after_epoch <= epoch)
-        if unfrozen and model.image.backbone is not None and model.image.frozen:
-            log.info("epoch %d: fine-tuning the backbone end to end (lr x %g)", epoch + 1, cfg.model.backbone_lr_scale)
-            model.image.frozen = False
-            for p in backbone_params:
-                p.requires_grad_(True)
-        batches = epoch_batches(tc.seed, epoch, len(data.train_texts), tc.batch_size)
-        swa_at = set(np.round(np.linspace(0.9 * len(batches), len(batches) - 1, 5)).astype(int).tolist()) if tc.swa else set()
-        swa_model = AveragedModel(model, use_buffers=True) if tc.swa else None
-        image_iter = None
-        if not model.image.frozen:
-            ds_paths = [im.path for im in data.dataset.images]
-            image_iter = iter(torch.utils.data.DataLoader(
-                _ImageBatches(ds_paths, model.image.backbone.preprocess, [train_img[b] for b in batches], tc.seed,
-                              epoch, step_in_epoch), batch_size=None, num_workers=2, prefetch_factor=2))
-        t_epoch = time.time()
-        bar = tqdm(total=len(batches), initial=step_in_epoch, desc=f"epoch {epoch + 1}/{tc.epochs}", unit="step",
-                   disable=not show_progress, leave=False)
-        sums = {"loss": 0.0, "l_con": 0.0, "l_rec": 0.0}
-        n_steps = 0
-        for s in range(step_in_epoch, len(batches)):
-            idx = batches[s]
-            step_seed = int(np.random.default_rng([tc.seed, epoch, s]).integers(2**62))
-            gen = torch.Generator().manual_seed(step_seed)
-            torch.manual_seed(step_seed)  # dropout layers draw from the global generator
-            img_ids = torch.as_tensor(train_img[idx])
-            with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
-                if image_iter is not None:
-                    img_emb = model.image(next(image_iter).to(device, non_blocking=True))
-                else:
-                    f = feats[img_ids]  # (B, V, D)
-                    if tc.multi_view and f.shape[1] > 1:
-                        f = f[torch.arange(len(idx)), torch.randint(f.shape[1], (len(idx),), generator=gen)]
-                    else:
-                        f = f.mean(1)
-                    img_emb = model.encode_image_features(f.to(device, non_blocking=True))
-                texts = [data.train_texts[i] for i in idx]
-                txt_emb = model.encode_text(move_batch(model.text.prepare(texts, train=True, generator=gen), device))
-                con = contrastive(img_emb.float(), txt_emb.float(), image_ids=img_ids.to(device))
-                l_rec = None
-                if model.decoder is not None and lc.decoder == "ltd":
-                    l_rec = cosine_reconstruction_loss(model.decoder(txt_emb).float(), data.targets[idx].to(device))
-                elif model.decoder is not None:
-                    ids = [data.vocab.encode_text(t)[: cfg.data.max_caption_len] for t in texts]
-                    inp, tgt = InputTokenDecoder.teacher_forcing(ids, data.vocab.bos_id, data.vocab.eos_id,
-                                                                 cfg.data.max_caption_len)
-                    logits = model.decoder(txt_emb, {"itd_in": inp.to(device)})
-                    l_rec = token_nll_loss(logits.float(), tgt.to(device), reduction=lc.itd_reduction)
-                out = combiner(con["loss"], l_rec)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(out["loss"]).backward()
-            scaler.unscale_(optimizer)
-            params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-            gnorm = torch.nn.utils.clip_grad_norm_(params, oc.grad_clip if oc.grad_clip > 0 else float("inf"))
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            if l_rec is not None:
-                combiner.update(l_rec.detach())
-            global_step += 1
-            n_steps += 1
-            for k in sums:
-                if k in out and out[k] is not None:
-                    sums[k] += float(out[k].detach())
-            if swa_model is not None and s in swa_at:
-                swa_model.update_parameters(model)
-            if global_step % tc.log_every == 0 or s == len(batches) - 1:
-                row = {"type": "step", "epoch": epoch + 1, "step": global_step, "loss": float(out["loss"].detach()),
-                       "l_con": float(out["l_con"].detach()), "lr": scheduler.get_last_lr()[0], "grad_norm": float(gnorm),
-                       "contrastive": contrastive_name}
-                if l_rec is not None:
-                    row["l_rec"] = float(l_rec.detach())
-                if "lambda" in out:
-                    row["lambda"], row["gap"] = float(out["lambda"]), float(out["gap"])
-                mlog.write(**row)
-            if tc.checkpoint_every and global_step % tc.checkpoint_every == 0 and s < len(batches) - 1:
-                save_checkpoint(ckpt_path, payload(epoch, s + 1, model))
-                save_trace()
-            bar.update(1)
-            bar.set_postfix(loss=f"{float(out['loss'].detach()):.3f}", **({"lam": f"{float(out['lambda']):.2f}"}
-                                                                    if "lambda" in out else {}))
-        bar.close()
-        step_in_epoch = 0
-        secs = time.time() - t_epoch
-        mlog.write(type="epoch", epoch=epoch + 1, step=global_step, seconds=secs,
-                   **{f"mean_{k}": v / max(1, n_steps) for k, v in sums.items() if v})
-        # ---- validation, best checkpoint, curriculum ---------------------------------------------
-        eval_model = swa_model.module if swa_model is not None else model
-        res = run_validation(eval_model, epoch + 1)
-        rsum = float(res.get("rsum", -1.0))
-        improved = validate is None or rsum > best["rsum"]
-        if improved:
-            best = {"rsum": rsum, "epoch": epoch + 1}
-            stale_epochs = 0
-            save_checkpoint(best_path, payload(epoch + 1, 0, eval_model, resumable=False))
-        else:
-            stale_epochs += 1
-        if (lc.contrastive == "sh_mh" and contrastive_name == "sh" and lc.curriculum_patience > 0
-                and stale_epochs >= lc.curriculum_patience):
-            contrastive_name, stale_epochs = "mh", 0
-            contrastive = build_contrastive_loss("mh", tau=lc.tau, margin=lc.margin, epsilon=lc.ifm_epsilon)
-            log.info("curriculum: val stopped improving, switching sum-of-hinges → max-of-hinges")
-        save_checkpoint(ckpt_path, payload(epoch + 1, 0, model))
-        save_trace()
-        log.info("epoch %d/%d: %.1fs, loss %.4f, val rsum %.1f%s", epoch + 1, tc.epochs, secs,
-                 sums["loss"] / max(1, n_steps), rsum, " (best)" if improved else "")
-    return RunResult(run_dir=run_dir, best_rsum=best["rsum"], best_epoch=best["epoch"], epochs=tc.epochs,
-                     seconds=time.time() - t_start)

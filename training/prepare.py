@@ -17,6 +17,7 @@ from training.config import Config, ConfigError
 from training.data.karpathy import Dataset, DatasetError, Split, load_karpathy, tokenize
 from training.data.vocab import Vocab
 from training.features import FeatureStore, default_cache_dir, extract_features, load_precomputed
+from training.losses.objective import objective_needs
 from training.models.backbones import Backbone, build_backbone
 
 log = logging.getLogger(__name__)
@@ -116,10 +117,11 @@ def prepare(cfg: Config, *, show_progress: bool = True, device: str = "cpu") -> 
         mat, _ = glove_matrix(vocab, m.word_embeddings, seed=cfg.train.seed)
         emb = torch.from_numpy(mat)
     targets = None
-    if cfg.loss.mode != "none" and cfg.loss.decoder == "ltd":
+    target_model = objective_needs(cfg.loss).target_model
+    if target_model is not None:
         # Targets encode the caption as written, without the synthetic shortcut digits: the decoder
         # must recover the caption's content, not the shortcut.
-        targets = torch.from_numpy(compute_targets([c.raw for c in train.captions], cfg.loss.target_model,
+        targets = torch.from_numpy(compute_targets([c.raw for c in train.captions], target_model,
                                                    cache_dir=cfg.data.cache_dir, show_progress=show_progress))
     return TrainingData(dataset=ds, train=train, val=val, vocab=vocab, image_feats=feats, failed_images=store.failed,
                         train_texts=train_texts, val_texts=val_texts, targets=targets, backbone=backbone,

@@ -5,6 +5,9 @@ each is a positive pair; optional ``image_ids`` (B,) marks rows showing the same
 then excluded from each other's negatives. Every module's ``forward`` returns a
 ``dict[str, Tensor]`` whose ``"loss"`` is the scalar to minimise; the other keys are detached
 diagnostics for logging and are never summed into it.
+
+:class:`.objective.TrainingObjective` composes them for training (contrastive + reconstruction,
+combined, with the sh → mh curriculum) and is the only reader of the loss config.
 """
 from .constraint import COMBINE_MODES, LossCombiner
 from .factory import (
@@ -17,6 +20,7 @@ from .factory import (
 )
 from .ifm import IFMLoss, ifm_loss, ifm_similarities
 from .infonce import InfoNCELoss, Temperature, infonce_loss, same_image_mask, symmetric_cross_entropy
+from .objective import ObjectiveNeeds, TrainingObjective, objective_needs
 from .order import OrderLoss, order_similarity, order_violation
 from .reconstruction import (
     ITDReconstructionLoss,
@@ -42,9 +46,11 @@ __all__ = [
     "LTDReconstructionLoss",
     "LossCombiner",
     "MaxHingeLoss",
+    "ObjectiveNeeds",
     "OrderLoss",
     "SumHingeLoss",
     "Temperature",
+    "TrainingObjective",
     "build_contrastive_loss",
     "cosine_reconstruction_loss",
     "cosine_similarity",
@@ -53,6 +59,7 @@ __all__ = [
     "ifm_similarities",
     "infonce_loss",
     "max_hinge_loss",
+    "objective_needs",
     "order_similarity",
     "order_violation",
     "same_image_mask",

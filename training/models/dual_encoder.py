@@ -12,8 +12,9 @@ import torch
 from PIL import Image
 from torch import nn
 
-from training.config import Config, LossConfig, ModelConfig
+from training.config import Config, ModelConfig
 from training.data.vocab import Vocab
+from training.losses.objective import objective_needs
 from training.models.backbones import Backbone, build_backbone
 from training.models.decoders import InputTokenDecoder, LatentTargetDecoder
 from training.models.heads import FNEDiscretize, ProjectionHead
@@ -102,10 +103,6 @@ class DualEncoder(nn.Module):
         return out
 
 
-def target_dim_of(loss: LossConfig) -> int:
-    return 0 if loss.mode == "none" else -1  # resolved by the caller from the target cache
-
-
 def build_model(cfg: Config, vocab: Vocab, *, feat_dim: int | None = None, target_dim: int = 0,
                 word_embeddings: torch.Tensor | None = None, backbone: Backbone | None = None) -> DualEncoder:
     """Build from config sections. ``backbone`` may be passed to share an already-loaded one;
@@ -132,13 +129,12 @@ def build_model(cfg: Config, vocab: Vocab, *, feat_dim: int | None = None, targe
         text = SBERTTextEncoder(str(resolve_sentence_model(m.sbert_path)), m.embed_dim, train_layers=m.sbert_train_layers,
                                 head=m.text_head, head_hidden=m.head_hidden, batchnorm=m.batchnorm,
                                 max_len=cfg.data.max_caption_len)
+    needs = objective_needs(cfg.loss)  # which decoder and similarity the training objective asks for
     decoder: nn.Module | None = None
-    if cfg.loss.mode != "none":
-        if cfg.loss.decoder == "ltd":
-            if target_dim <= 0:
-                raise ValueError("LTD needs the target dimension (from the target cache)")
-            decoder = LatentTargetDecoder(m.embed_dim, target_dim, m.decoder_hidden, m.decoder_layers)
-        else:
-            decoder = InputTokenDecoder(m.embed_dim, len(vocab), m.decoder_hidden)
-    sim = "order" if cfg.loss.contrastive == "order" else "cosine"
-    return DualEncoder(image, text, decoder, similarity=sim)
+    if needs.decoder == "ltd":
+        if target_dim <= 0:
+            raise ValueError("LTD needs the target dimension (from the target cache)")
+        decoder = LatentTargetDecoder(m.embed_dim, target_dim, m.decoder_hidden, m.decoder_layers)
+    elif needs.decoder == "itd":
+        decoder = InputTokenDecoder(m.embed_dim, len(vocab), m.decoder_hidden)
+    return DualEncoder(image, text, decoder, similarity=needs.similarity)

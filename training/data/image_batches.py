@@ -1,0 +1,42 @@
+"""End-to-end training batches: one item = one batch of augmented images, decoded in worker processes.
+
+Augmentation is a random resized crop (scale 0.5–1, aspect 3/4–4/3) and a horizontal flip, drawn
+from a generator seeded by (seed, epoch, step): a resumed run sees exactly the images an
+uninterrupted one would.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from training.data.images import load_image
+
+
+class AugmentedImageBatches(torch.utils.data.Dataset):
+    """Item i = the images of ``batches[skip + i]``, augmented, as a (B, 3, S, S) tensor."""
+
+    def __init__(self, paths: list[Path], pre, batches: list[np.ndarray], seed: int, epoch: int, skip: int):
+        self.paths, self.pre, self.batches, self.seed, self.epoch, self.skip = paths, pre, batches, seed, epoch, skip
+
+    def __len__(self) -> int:
+        return len(self.batches) - self.skip
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        s = i + self.skip
+        rng = np.random.default_rng([self.seed, self.epoch, s, 7])
+        out = []
+        for idx in self.batches[s]:
+            img = load_image(self.paths[idx])
+            w, h = img.size
+            scale, ratio = rng.uniform(0.5, 1.0), math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+            cw = min(w, int(round(math.sqrt(scale * w * h * ratio))))
+            ch = min(h, int(round(math.sqrt(scale * w * h / ratio))))
+            x0, y0 = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+            img = img.crop((x0, y0, x0 + cw, y0 + ch)).resize((self.pre.size, self.pre.size))
+            if rng.random() < 0.5:
+                img = img.transpose(0)  # FLIP_LEFT_RIGHT
+            out.append(self.pre.to_tensor(img))
+        return torch.stack(out)

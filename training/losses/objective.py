@@ -1,0 +1,175 @@
+"""The training objective: built once from the loss config, it is the only reader of that config.
+
+    loss = combine(L_con, L_rec)    none | dual | constraint | replay    (:mod:`.constraint`)
+    L_con  contrastive loss on the batch's embeddings                      (:mod:`.factory`)
+    L_rec  LTD: 1 − cos(decoder(caption emb), sentence-model target)      (:mod:`.reconstruction`)
+           ITD: token NLL of the caption under the decoder, mean or sum
+
+``sh_mh`` is a curriculum: sum of hinges until the validation rsum has not improved for
+``curriculum_patience`` epochs, then max of hinges (VSE++: hardest negatives only once the
+embedding is roughly in place; from the start they collapse it).
+
+The rest of training asks the objective what it needs instead of reading ``cfg.loss``:
+:func:`objective_needs` tells the data pipeline whether LTD targets are needed and from which
+sentence model, and the model builder which decoder to attach and which similarity retrieval ranks
+by. A loop uses it like this::
+
+    objective = TrainingObjective(cfg.loss, total_steps=n, vocab=vocab, max_caption_len=40)
+    out = objective(img, txt, image_ids=ids, decoder=model.decoder, captions=texts, targets=t)
+    out["loss"].backward(); optimizer.step()
+    objective.step_done(out)              # λ's ascent step (constraint) / the replayed λ's index
+    ...
+    objective.end_epoch(improved)         # the curriculum counts epochs without val gain
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch.nn as nn
+from torch import Tensor
+
+from training.config import LossConfig
+from training.data.vocab import Vocab
+from training.models.decoders import InputTokenDecoder
+
+from .factory import build_contrastive_loss, similarity_for
+from .lambda_trace import build_combiner, write_lambda_trace
+from .reconstruction import ITDReconstructionLoss, LTDReconstructionLoss
+
+log = logging.getLogger(__name__)
+
+
+def first_contrastive(loss: LossConfig) -> str:
+    """The contrastive loss of the first epoch (``sh_mh`` starts with sum of hinges)."""
+    return "sh" if loss.contrastive == "sh_mh" else loss.contrastive
+
+
+@dataclass(frozen=True)
+class ObjectiveNeeds:
+    """What the data pipeline and the model must provide for a loss config."""
+
+    decoder: str | None  # "ltd" | "itd": the decoder the model attaches; None: no reconstruction
+    target_model: str | None  # LTD targets from this sentence model ("" = the packaged MiniLM); None: none
+    similarity: str  # "cosine" | "order": what the trained embeddings are ranked by
+
+    @property
+    def tokens(self) -> bool:
+        """ITD reconstructs the caption's tokens (the vocabulary's ids)."""
+        return self.decoder == "itd"
+
+
+def objective_needs(loss: LossConfig) -> ObjectiveNeeds:
+    """Answer, from the loss config alone, what training must provide (cheap: reads no file)."""
+    decoder = None if loss.mode == "none" else loss.decoder
+    return ObjectiveNeeds(decoder=decoder, target_model=loss.target_model if decoder == "ltd" else None,
+                          similarity=similarity_for(first_contrastive(loss)))
+
+
+class TrainingObjective(nn.Module):
+    """Contrastive term + reconstruction term, combined (with λ's ascent) and scheduled (curriculum).
+
+    ``forward`` returns named terms: ``loss`` (to minimise), detached ``l_con``, ``l_rec`` (with a
+    decoder), ``lambda`` and ``gap`` (constraint, replay), the reconstruction's diagnostics
+    (``rec_cos_sim`` for LTD; ``rec_perplexity``, ``rec_n_tokens`` for ITD) and the contrastive
+    loss's scalar ones (``con_<name>``, e.g. ``con_tau``, ``con_l_i2t``). Its state
+    (:meth:`checkpoint_state`) is what a checkpoint needs to continue it exactly: λ with its
+    optimizer and trace, and the curriculum's stage.
+    """
+
+    def __init__(self, loss: LossConfig, *, total_steps: int, vocab: Vocab | None = None,
+                 max_caption_len: int = 40) -> None:
+        super().__init__()
+        self.cfg, self.needs = loss, objective_needs(loss)
+        self.contrastive_name = first_contrastive(loss)
+        self.contrastive = self._contrastive(self.contrastive_name)
+        self.stale_epochs = 0  # epochs since validation last improved (the curriculum's clock)
+        self.reconstruction: nn.Module | None = None
+        if self.needs.decoder == "ltd":
+            self.reconstruction = LTDReconstructionLoss()
+        elif self.needs.decoder == "itd":
+            if vocab is None:
+                raise ValueError("ITD reconstructs caption tokens: the objective needs the vocabulary")
+            self.reconstruction = ITDReconstructionLoss(pad_id=vocab.pad_id, reduction=loss.itd_reduction)
+        self.vocab, self.max_caption_len = vocab, max_caption_len
+        self.combiner = build_combiner(loss, total_steps)  # replay: reads and checks the logged λ schedule
+
+    def _contrastive(self, name: str) -> nn.Module:
+        return build_contrastive_loss(name, tau=self.cfg.tau, margin=self.cfg.margin, epsilon=self.cfg.ifm_epsilon)
+
+    # -- one step ----------------------------------------------------------------------------
+    def forward(self, img: Tensor, txt: Tensor, *, image_ids: Tensor | None = None,
+                decoder: nn.Module | None = None, captions: list[str] | None = None,
+                targets: Tensor | None = None) -> dict[str, Tensor]:
+        """Terms of one batch: ``img``/``txt`` (B, E) embeddings (any dtype; the losses run in
+        float32), ``decoder`` the model's reconstruction decoder, ``captions`` the batch's texts
+        (ITD) and ``targets`` (B, T) the LTD targets of those captions."""
+        con = self.contrastive(img.float(), txt.float(), image_ids=image_ids)
+        rec = None if self.reconstruction is None else self._reconstruct(txt, decoder, captions, targets)
+        out = self.combiner(con["loss"], None if rec is None else rec["loss"])
+        for prefix, terms in (("con", con), ("rec", rec or {})):  # the losses' own scalar diagnostics
+            out.update({f"{prefix}_{k}": v for k, v in terms.items() if k != "loss" and v.dim() == 0})
+        return out
+
+    def _reconstruct(self, txt: Tensor, decoder: nn.Module | None, captions: list[str] | None,
+                     targets: Tensor | None) -> dict[str, Tensor]:
+        if decoder is None:
+            raise ValueError(f"loss.decoder={self.needs.decoder}: the model has no decoder to reconstruct with")
+        if self.needs.decoder == "ltd":
+            if targets is None:
+                raise ValueError("LTD needs the captions' targets")
+            return self.reconstruction(decoder(txt).float(), targets.to(txt.device))
+        if captions is None:
+            raise ValueError("ITD needs the captions")
+        ids = [self.vocab.encode_text(t)[: self.max_caption_len] for t in captions]
+        inp, tgt = InputTokenDecoder.teacher_forcing(ids, self.vocab.bos_id, self.vocab.eos_id, self.max_caption_len)
+        logits = decoder(txt, {"itd_in": inp.to(txt.device)})
+        return self.reconstruction(logits.float(), tgt.to(txt.device))
+
+    def step_done(self, out: dict[str, Tensor]) -> None:
+        """After the model's optimizer step: λ's ascent step and projection (constraint), the
+        record of the λ applied (constraint, replay); nothing otherwise."""
+        if "l_rec" in out:
+            self.combiner.update(out["l_rec"])
+
+    # -- epochs -------------------------------------------------------------------------------
+    def end_epoch(self, improved: bool) -> bool:
+        """Count the epochs without validation gain; ``sh_mh`` switches to max of hinges once they
+        reach ``curriculum_patience``. Returns whether it switched."""
+        self.stale_epochs = 0 if improved else self.stale_epochs + 1
+        c = self.cfg
+        if not (c.contrastive == "sh_mh" and self.contrastive_name == "sh" and c.curriculum_patience > 0
+                and self.stale_epochs >= c.curriculum_patience):
+            return False
+        self.contrastive_name, self.stale_epochs = "mh", 0
+        self.contrastive = self._contrastive("mh")
+        log.info("curriculum: val stopped improving, switching sum-of-hinges → max-of-hinges")
+        return True
+
+    # -- logging and checkpoints --------------------------------------------------------------------
+    @property
+    def lambda_trace(self) -> np.ndarray:
+        """float32 (steps,): the λ applied at every step so far (empty without constraint/replay)."""
+        return self.combiner.lambda_trace
+
+    def save_trace(self, run_dir: str | Path) -> None:
+        """``lambda_trace.npz`` next to the checkpoint (a replay run's source); only constraint/replay."""
+        if self.cfg.mode in ("constraint", "replay"):
+            write_lambda_trace(run_dir, self.combiner.lambda_trace, self.cfg.eta)
+
+    def checkpoint_state(self) -> dict:
+        """The checkpoint's ``constraint``, ``contrastive`` and ``stale_epochs`` entries."""
+        return {"constraint": self.combiner.state_dict(), "stale_epochs": self.stale_epochs,
+                "contrastive": self.contrastive_name}
+
+    def load_checkpoint_state(self, ckpt: dict) -> None:
+        self.combiner.load_state_dict(ckpt["constraint"])
+        self.stale_epochs = ckpt.get("stale_epochs", 0)
+        name = ckpt.get("contrastive", self.contrastive_name)
+        if name != self.contrastive_name:
+            self.contrastive_name, self.contrastive = name, self._contrastive(name)
+
+    def extra_repr(self) -> str:
+        return f"contrastive={self.contrastive_name!r}, mode={self.cfg.mode!r}, decoder={self.needs.decoder!r}"
