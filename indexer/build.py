@@ -16,6 +16,7 @@ from indexer.index import (IndexDir, IndexDirError, Modality, VectorIndex, appen
                            open_for_append, relative_to_index, save_index_dir)
 from training.checkpoint import load_checkpoint, model_from_checkpoint, versions
 from training.fsio import sha256_file
+from training.losses.objective import describe_loss
 from training.data.karpathy import load_karpathy
 from training.data.shortcuts import apply_shortcuts
 from training.features import extract_features, load_precomputed, lookup_features
@@ -41,10 +42,8 @@ def load_model(checkpoint: str | Path, device: str = "cpu") -> LoadedModel:
     if model.similarity != "cosine":
         raise IndexDirError(f"{checkpoint}: {model.similarity}-similarity models cannot use an inner-product FAISS "
                             "index; evaluate them with training validation instead")
-    lc = cfg.loss
     meta = {"train_name": cfg.train.name, "similarity": model.similarity, "embed_dim": cfg.model.embed_dim,
-            "loss": {"contrastive": lc.contrastive, "mode": lc.mode, "decoder": lc.decoder if lc.mode != "none" else None,
-                     "eta": lc.eta if lc.mode in ("constraint", "replay") else None, "beta": lc.beta if lc.mode == "dual" else None},
+            "loss": describe_loss(cfg.loss),
             "backbone": cfg.model.backbone, "image_features": cfg.model.image_features, "epoch": ckpt.get("epoch"),
             "best_val_rsum": (ckpt.get("best") or {}).get("rsum")}
     return LoadedModel(model, cfg, checkpoint, sha256_file(checkpoint), meta)

@@ -132,7 +132,7 @@ def cases(root: Path):
 
 
 def run_all(out: Path) -> None:
-    from app.cmd_train import train_run
+    from app.pipeline import train_run
     from training.loop import train
 
     logging.basicConfig(level=logging.WARNING)

@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.optim.swa_utils import AveragedModel
-from tqdm.auto import tqdm
 
 from training.checkpoint import (
     TrainingProgress,
@@ -37,6 +36,7 @@ from training.losses.objective import TrainingObjective
 from training.models.dual_encoder import DualEncoder, build_model
 from training.models.text_encoder import move_batch
 from training.prepare import TrainingData, prepare
+from training.progress import progress
 
 log = logging.getLogger(__name__)
 
@@ -251,8 +251,8 @@ def run_epoch(r: Run, epoch: int, batches: list[np.ndarray], swa_model: Averaged
     if swa_model is not None:
         swa_at = set(np.round(np.linspace(0.9 * len(batches), len(batches) - 1, 5)).astype(int).tolist())
     images = image_batches(r, epoch, batches)
-    bar = tqdm(total=len(batches), initial=r.at.step_in_epoch, desc=f"epoch {epoch + 1}/{tc.epochs}", unit="step",
-               disable=not show_progress, leave=False)
+    bar = progress(len(batches), initial=r.at.step_in_epoch, desc=f"epoch {epoch + 1}/{tc.epochs}", unit="step",
+                   disable=not show_progress, leave=False)
     sums, n_steps = {"loss": 0.0, "l_con": 0.0, "l_rec": 0.0}, 0
     for s in range(r.at.step_in_epoch, len(batches)):
         step_seed = int(np.random.default_rng([tc.seed, epoch, s]).integers(2**62))

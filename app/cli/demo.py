@@ -49,6 +49,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from app.pipeline import comparison_table, ensure_evaluated, ensure_indexed, ensure_trained
     from indexer.disagreement import compare_indexes, to_markdown
     from training.config import load_config
+    from training.losses.objective import describe_loss
     from training.prepare import resolve_dataset_path
 
     t0 = time.time()
@@ -69,7 +70,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"demo: dataset {json_path} → {root} (baseline {names['bl']}, LTD {names['ltd']})", flush=True)
     reports, indexes = {}, {}
     for name, cfg in cfgs.items():
-        print(f"[{name}] training ({cfg.loss.mode}, {cfg.train.epochs} epochs)", flush=True)
+        print(f"[{name}] training ({describe_loss(cfg.loss)['mode']}, {cfg.train.epochs} epochs)", flush=True)
         best = ensure_trained(cfg, root / "runs" / name, show_progress=progress)
         print(f"[{name}] indexing the test split", flush=True)
         ix = ensure_indexed(best, json_path, "test", root / "indexes" / name, show_progress=progress)

@@ -61,6 +61,15 @@ class ObjectiveNeeds:
         return self.decoder == "itd"
 
 
+def describe_loss(loss: LossConfig) -> dict:
+    """The loss as a model's manifest and reports show it: contrastive loss, mode, and the decoder,
+    η or β only where the mode uses them."""
+    return {"contrastive": loss.contrastive, "mode": loss.mode,
+            "decoder": loss.decoder if loss.mode != "none" else None,
+            "eta": loss.eta if loss.mode in ("constraint", "replay") else None,
+            "beta": loss.beta if loss.mode == "dual" else None}
+
+
 def objective_needs(loss: LossConfig) -> ObjectiveNeeds:
     """Answer, from the loss config alone, what training must provide (cheap: reads no file)."""
     decoder = None if loss.mode == "none" else loss.decoder
