@@ -126,8 +126,8 @@ def _corpus_items(lm: LoadedModel, images_dir: str | Path | None, captions_file:
                   start_caption_id: int, show_progress: bool, *, known_images: set[str] = frozenset(),
                   known_texts: set[str] = frozenset()):
     """Embeddings and metadata of a folder's images and a file's captions. Items already in the index
-    (``known_images``: content sha256; ``known_texts``: caption text) are left out, so an append that
-    is run twice adds nothing the second time."""
+    (``known_images``: content sha256 of indexed and of skipped files; ``known_texts``: caption text) are
+    left out, so an append that is run twice adds nothing the second time."""
     img_vecs = np.zeros((0, lm.model.image.embed_dim), np.float32)
     images_meta: dict = {"ids": [], "filenames": [], "paths": [], "captions": [], "sha256": []}
     skipped: list[dict] = []
@@ -148,7 +148,7 @@ def _corpus_items(lm: LoadedModel, images_dir: str | Path | None, captions_file:
         if new:
             img_vecs, failed = embed_image_files(lm.model, [p for p, _ in new], show_progress=show_progress)
             ok = [(p, d) for k, (p, d) in enumerate(new) if k not in failed]
-            skipped = [{"file": str(new[k][0]), "reason": r} for k, r in sorted(failed.items())]
+            skipped = [{"file": str(new[k][0]), "reason": r, "sha256": new[k][1]} for k, r in sorted(failed.items())]
             images_meta = {"ids": list(range(start_image_id, start_image_id + len(ok))),
                            "filenames": [str(p.relative_to(folder)) for p, _ in ok],
                            "paths": [str(p.resolve()) for p, _ in ok], "captions": [[] for _ in ok],
@@ -199,7 +199,9 @@ def append_corpus(index_dir: str | Path, checkpoint: str | Path, *, images_dir=N
         raise IndexDirError(f"{index_dir} indexes a dataset split; --append adds to corpus indexes only")
     next_img = max(ix.images.ids, default=-1) + 1
     next_cap = max(ix.captions.ids, default=-1) + 1
+    # photos already indexed, and files already tried and skipped: neither is embedded or listed again
     known_images = {d for d in ix.images.meta.get("sha256", []) if d}
+    known_images |= {s["sha256"] for s in ix.manifest.get("skipped", []) if s.get("sha256")}
     img_vecs, images_meta, txt_vecs, captions_meta, skipped = _corpus_items(
         lm, images_dir, captions_file, next_img, next_cap, show_progress, known_images=known_images,
         known_texts=set(ix.captions.meta.get("texts", [])))

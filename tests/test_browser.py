@@ -130,3 +130,31 @@ def test_training_tab_shows_report_and_curves(page):
     assert "rsum" in page.locator("#training-report").inner_text()
     page.screenshot(path=str(SHOTS / "training.png"), full_page=True)
     assert not page.errors, page.errors  # type: ignore[attr-defined]
+
+
+def test_api_docs_render_offline(page, server):
+    """/docs and /redoc load their scripts from the server itself: with every request to another host
+    blocked (as on an offline machine), the operations are listed."""
+    ctx = page.context.browser.new_context(viewport={"width": 1300, "height": 900})
+    blocked: list[str] = []
+
+    def offline(route):
+        if route.request.url.startswith(server):
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort()
+
+    ctx.route("**/*", offline)
+    pg = ctx.new_page()
+    pg.goto(server + "/docs", wait_until="load")
+    pg.wait_for_selector(".opblock", timeout=30_000)
+    ops = pg.locator(".opblock-summary-path").all_inner_texts()
+    assert {"/api/search/text", "/api/search/image", "/api/compare", "/api/health"} <= {o.strip() for o in ops}
+    pg.screenshot(path=str(SHOTS / "docs_offline.png"))
+    assert blocked == []  # Swagger UI did not even try another host
+    pg.goto(server + "/redoc", wait_until="load")
+    pg.get_by_text("/api/search/text").first.wait_for(timeout=30_000)
+    # ReDoc's bundle links its maker's logo from their site: the one outside request, and decorative
+    assert all(u.startswith("https://cdn.redoc.ly/") and u.endswith("logo-mini.svg") for u in blocked), blocked
+    ctx.close()

@@ -301,7 +301,7 @@ def test_training_figure_from_metrics_rows(tmp_path):
         axes = fig.axes
         titles = [a.get_title() for a in axes]
         assert titles == ["Lagrange multiplier λ", "reconstruction loss L_rec (dashed: η)", "contrastive loss L_con",
-                          "validation rsum"]
+                          "validation rsum (trained epochs)"]
         lam, rec, con, val = axes
         assert lam.get_yscale() == "log"
         assert [ln.get_label() for ln in lam.lines] == ["ltd (η=0.5)"]
@@ -309,17 +309,23 @@ def test_training_figure_from_metrics_rows(tmp_path):
         eta_lines = [ln for ln in rec.lines if ln.get_linestyle() == "--"]
         assert len(eta_lines) == 1 and list(eta_lines[0].get_ydata()) == [0.5, 0.5]
         assert len(con.lines) == 2  # both runs have L_con
-        assert list(val.lines[1].get_xdata()) == [0, 1] and list(val.lines[1].get_ydata()) == [100.0, 150.0]
+        # the untrained epoch 0 is left out: it would flatten the differences between trained epochs
+        assert list(val.lines[1].get_xdata()) == [1] and list(val.lines[1].get_ydata()) == [150.0]
     finally:
         plt.close(fig)
 
 
-def test_plot_runs_still_works(tiny_index_pair, tmp_path):
+def test_plot_runs_still_works(tiny_index_pair, tmp_path, monkeypatch):
     from training.plots import plot_runs
 
     runs = tiny_index_pair["runs"]
     (path,) = plot_runs([runs["bl"], runs["ltd"]], tmp_path)
-    assert path.is_file() and path.stat().st_size > 10_000
+    assert path.is_file() and path.stat().st_size > 10_000 and path.name == "curves_bl_vs_ltd.png"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    (path,) = plot_runs([runs["bl"], runs["ltd"]])  # several runs: not into either run's folder
+    assert path.resolve().parent == elsewhere.resolve()
 
 
 def test_training_figure_for_loaded_models(svc):

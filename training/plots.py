@@ -91,7 +91,8 @@ def figure_from_rows(series: list[tuple[str, float | None, list[dict]]], smooth:
                 ax_rec.axhline(eta, color=c, ls="--", lw=1)
         xs, ys = series_of("l_con")
         ax_con.plot(xs, ys, color=c, label=label)
-        pts = [(r["epoch"], r["rsum"]) for r in vals if "rsum" in r]
+        # epoch 0 is the untrained model (rsum near chance): on the same axis it flattens the differences
+        pts = [(r["epoch"], r["rsum"]) for r in vals if "rsum" in r and r["epoch"] >= 1]
         if pts:
             ax_val.plot(*zip(*pts), marker="o", color=c, label=label)
     ax_lam.set(title="Lagrange multiplier λ" + (" (λ = 0 drawn at 10⁻⁴)" if lam_clipped else ""), xlabel="step",
@@ -103,7 +104,7 @@ def figure_from_rows(series: list[tuple[str, float | None, list[dict]]], smooth:
         ax_lam.yaxis.set_minor_formatter(plain)
     ax_rec.set(title="reconstruction loss L_rec (dashed: η)", xlabel="step")
     ax_con.set(title="contrastive loss L_con", xlabel="step")
-    ax_val.set(title="validation rsum", xlabel="epoch")
+    ax_val.set(title="validation rsum (trained epochs)", xlabel="epoch")
     ax_val.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     for ax in axes.flat:
         ax.grid(alpha=0.3)
@@ -126,11 +127,18 @@ def figure(runs: list[Path], smooth: int = 5):
 
 
 def plot_runs(runs: list[Path], out: Path | None = None) -> list[Path]:
-    """Write ``curves.png`` (all panels) into ``out`` (default: the first run folder)."""
-    out = out or runs[0]
+    """Write the curves (all panels) as a PNG: ``curves.png`` in the run's folder for one run; for
+    several (overlaid), ``curves_<run>_vs_<run>….png`` in ``out`` (default: the current folder), so a
+    comparison never lands inside one of the runs it compares."""
+    from training.fsio import atomic_path
+
+    if out is None:
+        out = runs[0] if len(runs) == 1 else Path(".")
+    name = "curves.png" if len(runs) == 1 else "curves_" + "_vs_".join(r.resolve().name for r in runs)[:150] + ".png"
     out.mkdir(parents=True, exist_ok=True)
     fig = figure(runs)
-    path = out / "curves.png"
-    fig.savefig(path, dpi=110)
+    path = out / name
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return [path]

@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from app.api.errors import install_error_handlers
 from app.api.limits import BodyLimitMiddleware, body_limits
 from app.api.prom import PrometheusMiddleware, Registry
-from app.api.routers import deps, health, media, metrics, search
+from app.api.routers import deps, docs, health, media, metrics, search
 from app.api.security import AccessMiddleware
 from app.api.settings import Settings
 from search import SearchService
@@ -55,6 +55,11 @@ async def lifespan(app: FastAPI):
     try:
         yield
     finally:
+        # A process must not exit while the loader thread is inside torch/FAISS native code (the C++
+        # runtime aborts it: "terminate called without an active exception"); loading takes seconds.
+        if not svc.ready.is_set():
+            log.info("waiting for model loading to finish before shutting down")
+            await anyio.to_thread.run_sync(svc.ready.wait, 120)
         if app.state.owns_service:
             svc.close()
 
@@ -137,6 +142,7 @@ def create_app(settings: Settings | None = None, service: SearchService | None =
         version="0.1.0",
         summary="Image–caption retrieval: text → images, image → captions, two models side by side.",
         lifespan=lifespan,
+        docs_url=None, redoc_url=None,  # served from installed files by routers/docs.py (works offline)
     )
     app.state.settings, app.state.service, app.state.owns_service = settings, service, owns
     app.state.ui_mounted = False
@@ -148,13 +154,13 @@ def create_app(settings: Settings | None = None, service: SearchService | None =
     token = settings.api_token.get_secret_value() if settings.api_token else None
     app.add_middleware(AccessMiddleware, token=token, allowed_hosts=settings.allowed_hosts)
     app.add_middleware(PrometheusMiddleware, registry=registry,  # outermost: times everything, 413s included
-                       fixed_paths=[u for u in (app.openapi_url, app.docs_url, app.redoc_url,
-                                                app.swagger_ui_oauth2_redirect_url) if u],
-                       prefixes=["/ui"] if settings.ui else [])
+                       fixed_paths=[app.openapi_url, "/docs", "/redoc"],
+                       prefixes=[docs.ASSETS, *(["/ui"] if settings.ui else [])])
     app.include_router(health.router)
     app.include_router(search.router)
     app.include_router(media.router)
     app.include_router(metrics.router)
+    docs.mount(app)
     _install_openapi(app)
     if settings.ui:
         _mount_ui(app, service, settings)

@@ -237,13 +237,13 @@ def _print_urls(host: str, port: int, ui: bool) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from app.api.settings import Settings
-
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     overrides: dict = {"ui": not args.no_ui, "verify_index": args.verify_index}
-    if args.model:
+    if args.model:  # checked before the server's modules (torch, gradio) are imported
         overrides["models"], overrides["checkpoints"] = parse_models(args.model)
+    from app.api.settings import Settings
+
     if args.device:
         overrides["device"] = args.device
     if args.torch_threads is not None:

@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
     q = sub.add_parser("plot", parents=[common], help="training curves (λ, L_rec with η, L_con, val rsum) as PNGs")
     q.add_argument("runs", nargs="+", help="run folders (several are overlaid)")
-    q.add_argument("--out", help="output folder (default: the first run folder)")
+    q.add_argument("--out", help="output folder (default: the run's folder for one run, the current folder for several)")
     q.set_defaults(func=cmd_plot)
 
 

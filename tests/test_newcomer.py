@@ -1,0 +1,133 @@
+"""A newcomer's first hour, as the user meets it: the README's "Search your own photos" commands run
+end to end, and the CLI's answers to mistakes (exit code and first line, and how fast they come)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from bench import _server as live
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def readme_block(heading: str) -> list[str]:
+    """The lines of the first ```bash block under ``heading`` in the README."""
+    text = README.read_text()
+    section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [ln for ln in block.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def ltd(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "LTD_PROGRESS": "off"})
+
+
+def _photos(folder: Path, n: int, seed: int) -> None:
+    (folder / "sub").mkdir(parents=True)
+    for i in range(n):
+        Image.new("RGB", (80, 60), ((seed * 40 + 30 * i) % 255, 120, 200 - 10 * i)).save(
+            folder / ("sub" if i % 2 else ".") / f"p{seed}_{i}.jpg")
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff not a jpeg %d" % seed)
+
+
+@pytest.mark.slow
+def test_readme_search_your_own_photos_runs_end_to_end(tiny_index_pair, tmp_path):
+    lines = readme_block("Search your own photos")
+    trip, more = tmp_path / "trip", tmp_path / "more"
+    _photos(trip, 4, 1)
+    _photos(more, 2, 2)
+    Image.new("RGB", (60, 60), (250, 200, 30)).save(trip / "beach.jpg")
+    (tmp_path / "caps.txt").write_text("a yellow square\na blue circle\n")
+    subst = {"demo/flickr8k/runs/ltd/best.pt": str(tiny_index_pair["runs"]["ltd"] / "best.pt"),
+             "demo/flickr8k/indexes/ltd": str(tiny_index_pair["ltd"]),
+             "~/Pictures/trip_captions.txt": str(tmp_path / "caps.txt"), "~/Pictures/trip": str(trip),
+             "~/Pictures/more": str(more), "indexes/trip": str(tmp_path / "indexes" / "trip")}
+
+    def sub(line: str) -> str:
+        for a, b in subst.items():
+            line = line.replace(a, b)
+        return line
+
+    setup = [sub(ln) for ln in lines if re.match(r"^[A-Z]+=", ln)]
+    commands = [sub(ln) for ln in lines if ln.startswith("ltd index")]
+    serve = next(sub(ln) for ln in lines if ln.startswith("ltd serve"))
+    curls = [sub(ln) for ln in lines if ln.startswith("curl")]
+    assert len(commands) == 2 and len(curls) == 2 and len(setup) == 3
+    env = {**os.environ, "LTD_PROGRESS": "off", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    for cmd in commands + [commands[1]]:  # the append twice: the second adds nothing
+        res = subprocess.run(["bash", "-c", "\n".join(setup + [cmd])], cwd=tmp_path, capture_output=True, text=True,
+                             env=env, timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["images"] == 4 + 1 + 2 and summary["captions"] == 2  # broken files skipped, nothing twice
+    mf = json.loads((tmp_path / "indexes" / "trip" / "manifest.json").read_text())
+    assert sorted(Path(s["file"]).name for s in mf["skipped"]) == ["broken.jpg", "broken.jpg"]
+    args = serve.split()[2:]
+    with live.serving(args, tmp_path / "serve.log") as (_, base):
+        for cmd, n in zip(curls, (3, 2)):  # text → 3 of 7 photos; an upload → both captions (k = 3 > 2)
+            res = subprocess.run(["bash", "-c", "\n".join(setup + [cmd.replace("localhost:8000", base)])],
+                                 capture_output=True, text=True, timeout=60)
+            body = json.loads(res.stdout)
+            assert body["model"] == "trip" and len(body["results"]) == n, body
+
+
+@pytest.mark.parametrize("args, first_line", [
+    (["index", "--checkpoint", "nope.pt", "--images-dir", ".", "--out", "x"], "ltd index: error: --checkpoint: file not found: nope.pt"),
+    (["train", "--config", "flickr8k_ltdd"], "ltd train: error: config file not found: flickr8k_ltdd (did you mean 'flickr8k_ltd'?)"),
+    (["train", "--set", "loss.etaa=0.1"], "ltd train: error: unknown config key 'loss.etaa' (did you mean 'eta'?)"),
+    (["serve", "--model", "bl"], "ltd serve: error: --model 'bl': expected NAME=INDEX_DIR"),
+])
+def test_cli_mistakes_are_one_line_and_exit_2(args, first_line):
+    res = ltd(*args)
+    assert res.returncode == 2
+    assert res.stderr.splitlines()[0].startswith(first_line), res.stderr
+
+
+def test_set_without_equals_gets_the_commands_usage_and_a_hint():
+    res = ltd("train", "--set", "loss.eta", "0.15")
+    assert res.returncode == 2
+    assert res.stderr.startswith("usage: ltd train")  # the command's usage, not the top level's
+    assert "did you mean --set loss.eta=0.15 ?" in res.stderr
+
+
+def test_verbose_anywhere_on_the_command_line():
+    for args in (["-v", "index"], ["index", "-v"]):
+        res = ltd(*args, "--checkpoint", "nope.pt", "--images-dir", ".", "--out", "x")
+        assert res.returncode == 2 and "Traceback" in res.stderr
+
+
+def test_list_presets_says_what_each_is_and_costs():
+    res = ltd("train", "--list-presets")
+    lines = res.stdout.splitlines()
+    assert res.returncode == 0 and len(lines) >= 11
+    ltd_line = next(ln for ln in lines if ln.startswith("flickr8k_ltd "))
+    assert "constraint" in ltd_line and "min" in ltd_line
+
+
+def test_a_mistyped_captions_file_fails_fast_on_a_500_image_folder(tiny_index_pair, tmp_path):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(500):
+        Image.new("RGB", (32, 24), (i % 255, 40, 90)).save(folder / f"{i}.jpg")
+    t0 = time.perf_counter()
+    res = ltd("index", "--checkpoint", str(tiny_index_pair["runs"]["bl"] / "best.pt"), "--images-dir", str(folder),
+              "--captions-file", str(tmp_path / "captoins.txt"), "--out", str(tmp_path / "ix"))
+    elapsed = time.perf_counter() - t0
+    assert res.returncode == 2 and "--captions-file: file not found" in res.stderr
+    assert elapsed < 5, f"{elapsed:.1f} s to report a missing file"
+    out = tmp_path / "exists"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    res = ltd("index", "--checkpoint", str(tiny_index_pair["runs"]["bl"] / "best.pt"), "--images-dir", str(folder),
+              "--out", str(out))
+    assert res.returncode == 2 and "not an index" in res.stderr  # before any photo is embedded
