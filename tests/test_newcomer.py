@@ -131,3 +131,27 @@ def test_a_mistyped_captions_file_fails_fast_on_a_500_image_folder(tiny_index_pa
     res = ltd("index", "--checkpoint", str(tiny_index_pair["runs"]["bl"] / "best.pt"), "--images-dir", str(folder),
               "--out", str(out))
     assert res.returncode == 2 and "not an index" in res.stderr  # before any photo is embedded
+
+
+@pytest.mark.slow
+def test_serve_with_a_moved_checkpoint_names_the_fix_and_takes_it(tiny_index_pair, tmp_path):
+    """The checkpoint moved after indexing: that model is reported down with the fix, the other model
+    serves; pointing the index at the checkpoint's new place with @ brings it back."""
+    import shutil
+
+    run = tmp_path / "moved_run"
+    shutil.copytree(tiny_index_pair["runs"]["ltd"], run)
+    ix = tmp_path / "ltd_ix"
+    shutil.copytree(tiny_index_pair["ltd"], ix)
+    mf = json.loads((ix / "manifest.json").read_text())
+    mf["checkpoint"], mf["checkpoint_relative"] = "/gone/runs/ltd/best.pt", "../gone/best.pt"  # as if moved away
+    (ix / "manifest.json").write_text(json.dumps(mf))
+    args = ["--model", f"bl={tiny_index_pair['bl']}", "--model", f"ltd={ix}", "--no-ui"]
+    with live.serving(args, tmp_path / "a.log") as (_, base):
+        health = json.loads(subprocess.run(["curl", "-s", base + "/api/health"], capture_output=True, text=True).stdout)
+        assert health["status"] == "degraded" and health["loaded"] == ["bl"]
+        assert "--model NAME=" in health["down"]["ltd"] and "@/path/to/checkpoint.pt" in health["down"]["ltd"]
+    args[3] = f"ltd={ix}@{run / 'best.pt'}"
+    with live.serving(args, tmp_path / "b.log") as (_, base):
+        health = json.loads(subprocess.run(["curl", "-s", base + "/api/health"], capture_output=True, text=True).stdout)
+        assert health["status"] == "ok" and health["loaded"] == ["bl", "ltd"]
