@@ -27,7 +27,7 @@ def versions() -> dict:
     import faiss  # noqa: F401  (recorded for index compatibility)
 
     from training import __version__
-    return {"ltd": __version__, "torch": torch.__version__, "numpy": np.__version__,
+    return {"ltd": __version__, "torch": str(torch.__version__), "numpy": np.__version__,
             "python": platform.python_version(), "faiss": getattr(faiss, "__version__", "?")}
 
 
@@ -58,12 +58,30 @@ def save_checkpoint(path: str | Path, payload: dict) -> Path:
     return path
 
 
+def _numpy_safe_globals() -> list:
+    """The numpy reconstructors that the numpy RNG state in ``rng`` pickles to. Allowing them keeps
+    ``weights_only=True`` safe: they rebuild plain arrays, and anything inside goes through the same
+    restricted unpickler."""
+    core = getattr(np, "_core", None) or np.core
+    dtypes = [type(np.dtype(t)) for t in (np.uint32, np.int64, np.float64, np.float32, np.int32, np.bool_)]
+    # TorchVersion (a str subclass): what versions() stored before it wrote a plain str
+    return [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype, *dtypes,
+            torch.torch_version.TorchVersion]
+
+
+def safe_torch_load(path: str | Path) -> object:
+    """``torch.load(weights_only=True)``: tensors, plain containers and numpy arrays only, never
+    arbitrary objects (checkpoints are user-supplied files)."""
+    with torch.serialization.safe_globals(_numpy_safe_globals()):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def load_checkpoint(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = safe_torch_load(path)
     except Exception as e:
         raise ValueError(f"{path} is not a readable checkpoint: {type(e).__name__}: {e}") from None
     for key in ("model", "config", "vocab"):
