@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     cmd_data.register(sub)
     cmd_train.register(sub)
-    for name in ("cmd_index", "cmd_serve", "cmd_demo", "cmd_experiment"):
+    for name in ("cmd_index", "cmd_serve", "cmd_demo", "cmd_experiment", "cmd_caption"):
         try:
             mod = __import__(f"app.{name}", fromlist=["register"])
         except ModuleNotFoundError as e:

@@ -37,7 +37,7 @@ def ngram_counts(tokens: np.ndarray, lengths: np.ndarray, base: int, n: int = OR
     tokens = np.asarray(tokens, dtype=np.int64)
     m, t = tokens.shape
     if t and (tokens[:, : lengths.max(initial=0)].max(initial=0) + 1 >= base):
-        raise ValueError(f"token id >= base - 1 ({base - 1})")
+        raise ValueError(f"token id >= {base - 1}: build CiderD with base > the largest id any hypothesis can hold + 1")
     rows, keys, orders = [], [], []
     shifted = tokens + 1
     for k in range(1, n + 1):
@@ -80,7 +80,9 @@ class CiderD:
     """CIDEr-D with document frequencies from ``refs`` (one list of id sequences per image).
 
     ``score(hyps, image)`` scores hypothesis ``i`` against the references of ``image[i]``, an index
-    into ``refs``. ``sigma`` is the length-penalty width (6 in the toolkit).
+    into ``refs``. ``sigma`` is the length-penalty width (6 in the toolkit). ``base`` must exceed every
+    id a hypothesis can hold by 2 (default: the references' largest id + 2, enough only when
+    hypotheses use no other words).
     """
 
     def __init__(self, refs: Sequence[Sequence[Sequence[int]]], *, base: int | None = None, sigma: float = 6.0,

@@ -1,7 +1,8 @@
 """Decoding: greedy, sampling (with temperature) and beam search, for any step function.
 
 ``step(words (M,), state) -> (log_probs (M, V), state)`` where ``state`` is a tuple of tensors with
-rows first. Every decoder starts from ``<bos>``, never emits ``<pad>`` or ``<bos>``, and returns
+rows first. Every decoder starts from ``<bos>``, never emits ``<pad>`` or ``<bos>`` (their probability
+is removed and the rest renormalised: ``allowed_log_probs``), and returns
 (B, max_len) word ids with ``<pad>`` after the first ``<eos>``.
 
 Length handling: a caption has at most ``max_len`` words. A sequence that reaches ``max_len`` words
@@ -29,11 +30,12 @@ class Specials:
     eos: int = 3
 
 
-def _block(logp: torch.Tensor, sp: Specials) -> torch.Tensor:
-    logp = logp.clone()
-    logp[:, sp.pad] = float("-inf")
-    logp[:, sp.bos] = float("-inf")
-    return logp
+def allowed_log_probs(logp: torch.Tensor, sp: Specials) -> torch.Tensor:
+    """The policy the decoders follow: the model's distribution without <pad> and <bos>, renormalised
+    (without renormalising, REINFORCE would shift mass onto the blocked tokens it never samples)."""
+    blocked = torch.zeros(logp.shape[1], dtype=torch.bool, device=logp.device)
+    blocked[[sp.pad, sp.bos]] = True
+    return torch.log_softmax(logp.masked_fill(blocked, float("-inf")), -1)
 
 
 def greedy(step: StepFn, state: tuple, n: int, max_len: int, sp: Specials = Specials()
@@ -46,7 +48,7 @@ def greedy(step: StepFn, state: tuple, n: int, max_len: int, sp: Specials = Spec
     done = torch.zeros(n, dtype=torch.bool, device=device)
     for t in range(max_len):
         logp, state = step(words, state)
-        logp = _block(logp, sp)
+        logp = allowed_log_probs(logp, sp)
         best, words = logp.max(1)
         score = score + torch.where(done, torch.zeros_like(best), best)
         ids[:, t] = torch.where(done, torch.full_like(words, sp.pad), words)
@@ -69,7 +71,7 @@ def sample(step: StepFn, state: tuple, n: int, max_len: int, sp: Specials = Spec
     done = torch.zeros(n, dtype=torch.bool, device=device)
     for t in range(max_len):
         logp, state = step(words, state)
-        logp = _block(logp, sp)
+        logp = allowed_log_probs(logp, sp)
         if temperature != 1.0:
             logp = torch.log_softmax(logp / temperature, -1)
         drawn = torch.multinomial(logp.detach().exp().cpu(), 1, generator=generator).squeeze(1).to(device)
@@ -108,7 +110,7 @@ def beam_search(step: StepFn, state: tuple, n: int, max_len: int, beam: int = 5,
     n_words = torch.zeros(n * k, dtype=torch.long, device=device)
     for t in range(max_len):
         logp, state = step(words, state)
-        logp = _block(logp, sp)
+        logp = allowed_log_probs(logp, sp)
         v = logp.shape[1]
         # a finished beam continues with one zero-cost token (<eos>) and keeps its score
         finished_row = torch.full((v,), float("-inf"), device=device)
