@@ -45,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--checkpoint", required=True)
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--images", help="a folder of images (not recursive)")
-    src.add_argument("--dataset", help="Karpathy JSON or its folder (with --split)")
+    src.add_argument("--dataset", nargs="?", const="",
+                     help="Karpathy JSON or its folder, with --split (no value: the dataset the captioner was trained on)")
     g.add_argument("--split", default="test")
     g.add_argument("--beam", type=int, default=5)
     g.add_argument("--max-images", type=int, default=0)
