@@ -279,3 +279,21 @@ def test_crafted_caption_checkpoint_is_refused_without_running_code(tmp_path):
     torch.save({"model": {}, "config": {}, "vocab": {}}, retrieval_like)
     with pytest.raises(ValueError, match="not an LTD caption checkpoint"):
         load_caption_checkpoint(retrieval_like)
+
+
+def test_reward_word_ids_extend_the_vocabulary_and_unk_never_matches():
+    from training.captioning.cider import CiderD
+    from training.captioning.data import WordIds, labelled_mask
+
+    caps = ["a dog runs"] * 5 + ["a zebra runs"]
+    v = CaptionVocab.build(caps, min_count=5)
+    words = WordIds(v, caps)
+    assert all(words.index[w] == i for i, w in enumerate(v.words))  # the captioner's ids are a prefix
+    assert words.encode("a zebra") == [v.vocab.index["a"], len(v)]  # the rare word has an id of its own
+    c = CiderD([[words.encode("a zebra runs")], [words.encode("a dog sits")]], base=words.size + 2)
+    hyp_unk = [v.vocab.index["a"], v.unk_id, v.vocab.index["runs"]]  # what the captioner can say for "a zebra runs"
+    hyp_ref = words.encode("a zebra runs")
+    s_unk, s_ref = c.score([hyp_unk, hyp_ref], [0, 0])
+    assert s_ref > s_unk > 0
+    m1, m2 = labelled_mask(10, 0.5, seed=3), labelled_mask(10, 0.5, seed=3)
+    assert m1.sum() == 5 and (m1 == m2).all() and labelled_mask(10, 1.0, 0).all()

@@ -154,7 +154,8 @@ class CiderD:
         v_h = np.where(hit, h.values[order][pos_c] if len(h_comp) else 0.0, 0.0)
         contrib = np.minimum(v_h, r_vals) * r_vals
         n_pairs = len(pair_ref)
-        val = np.bincount(pair_of_entry * ORDERS + r_ord, weights=contrib, minlength=n_pairs * ORDERS).reshape(n_pairs, ORDERS)
+        val = np.bincount(pair_of_entry * ORDERS + r_ord, weights=contrib, minlength=n_pairs * ORDERS)
+        val = val.reshape(n_pairs, ORDERS)
         denom = h.norms[pair_hyp] * self.refs.norms[pair_ref]
         val = np.where(denom != 0, val / np.where(denom != 0, denom, 1.0), val)
         delta = (h.lengths[pair_hyp] - self.refs.lengths[pair_ref]).astype(np.float64)

@@ -153,7 +153,8 @@ class CaptionRun:
         rows, refs = d.train_rows[d.labelled_images[lab]], lab.astype(np.int64)
         if self.sampler is not None:
             neg = self.sampler.sample(lab, rng)
-            rows, refs = np.concatenate([rows, self.pool_rows[neg]]), np.concatenate([refs, -np.ones(len(neg), np.int64)])
+            rows = np.concatenate([rows, self.pool_rows[neg]])
+            refs = np.concatenate([refs, -np.ones(len(neg), np.int64)])  # unlabelled: no CIDEr
         reg = regions(d.grid, rows).to(self.device)
         n, L = len(rows), d.vocab.max_len
         greedy_ids = decode_regions(self.model, reg, d.vocab)
@@ -176,11 +177,13 @@ class CaptionRun:
 
     # ---- epochs -------------------------------------------------------------------------------
     def _batches(self, stage: str, epoch: int) -> list[np.ndarray]:
-        d = self.data
+        """XE: local train indices of labelled images; SCST: positions in the labelled list (the
+        CIDEr references' order). A last SCST batch of one image is dropped (no negatives)."""
+        d, rng = self.data, np.random.default_rng([self.cfg.train.seed, STAGES.index(stage), epoch])
         if stage == "xe":
-            order, bs = np.random.default_rng([self.cfg.train.seed, 0, epoch]).permutation(d.labelled_images), self.cfg.xe.batch_size
+            order, bs = rng.permutation(d.labelled_images), self.cfg.xe.batch_size
             return [order[i : i + bs] for i in range(0, len(order), bs)]
-        order, bs = np.random.default_rng([self.cfg.train.seed, 1, epoch]).permutation(len(d.labelled_images)), self.cfg.scst.batch_size
+        order, bs = rng.permutation(len(d.labelled_images)), self.cfg.scst.batch_size
         return [b for b in (order[i : i + bs] for i in range(0, len(order), bs)) if len(b) >= 2]
 
     def _epoch(self, stage: str, epoch: int, n_epochs: int) -> None:
@@ -211,7 +214,8 @@ class CaptionRun:
             if self.global_step % cfg.train.log_every == 0 or s == len(batches) - 1:
                 self.mlog.write(type="step", stage=stage, epoch=epoch + 1, step=self.global_step,
                                 lr=self.optimizer.param_groups[0]["lr"], **row)
-            if cfg.train.checkpoint_every and self.global_step % cfg.train.checkpoint_every == 0 and s < len(batches) - 1:
+            every = cfg.train.checkpoint_every
+            if every and self.global_step % every == 0 and s < len(batches) - 1:
                 self.save(self.ckpt_path, stage, epoch, s + 1)
             bar.update(1)
             bar.set_postfix({k: f"{row[k]:.3f}" for k in ("loss", "cider", "r_ret") if k in row})

@@ -31,7 +31,8 @@ def caption_figure(series: list[tuple[str, list[dict]]], figsize: tuple[float, f
         for key, style in (("cider", "-"), ("r_ret", ":"), ("reward", "--"), ("baseline", "-.")):
             pts = [(r["step"], r[key]) for r in scst if key in r]
             if pts:
-                ax_rw.plot(*zip(*pts), color=c, ls=style, label=f"{label}: {key}")
+                ax_rw.plot(*zip(*pts), color=c, ls=style, marker="." if len(pts) < 20 else None,
+                           label=f"{label}: {key}")
         vals = [r for r in rows if r.get("type") == "val"]
         xe_epochs = max([r["epoch"] for r in vals if r.get("stage") == "xe"], default=0)
         xs = _val_x(vals, xe_epochs)
