@@ -258,7 +258,8 @@ class CaptionRun:
         cfg = self.cfg
         if self.fresh:
             r0 = self.validate(self.stage, 0)
-            log.info("untrained val CIDEr-D %.1f", r0["cider"])
+            log.info("val CIDEr-D before training%s: %.1f", " (from train.init_from)" if self.cfg.train.init_from else "",
+                     r0["cider"])
         plan = [("xe", cfg.xe.epochs), ("scst", cfg.scst.epochs)]
         for stage, n_epochs in plan[STAGES.index(self.stage):]:
             if stage != self.stage:  # XE finished: SCST starts with its own optimiser and learning rate
