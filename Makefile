@@ -7,7 +7,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: demo test install install-test browser-deps bench clean
+.PHONY: demo test install install-test browser-deps java-deps bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -38,7 +38,17 @@ browser-deps:
 			|| echo "chromium install failed: the browser test will be skipped"; \
 	else echo "chromium not installed and no root/apt-get: the browser test will be skipped"; fi
 
-test: install-test browser-deps
+# A Java runtime for METEOR (pycocoevalcap runs its jar) and the tokenizer cross-check test (Debian
+# package). Needs root + apt; without Java, `ltd caption eval` leaves METEOR out and says why.
+java-deps:
+	@if command -v java >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing default-jre-headless (apt-get) for METEOR"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null) \
+			|| echo "JRE install failed: METEOR will be skipped"; \
+	else echo "java not installed and no root/apt-get: METEOR will be skipped"; fi
+
+test: install-test browser-deps java-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: install-test

@@ -11,16 +11,18 @@ from pathlib import Path
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
 
 
-def check_corpus_inputs(images_dir: str | Path | None, captions_file: str | Path | None) -> None:
-    """Fail before any model loads: the folder and the captions file must exist and hold something."""
+def check_corpus_inputs(images_dir: str | Path | None, captions_file: str | Path | None, *,
+                        images_flag: str = "--images-dir") -> None:
+    """Fail before any model loads: the folder and the captions file must exist and hold something
+    (``images_flag``: how the command names the folder, for the message)."""
     if not images_dir and not captions_file:
         raise ValueError("a corpus index needs --images-dir and/or --captions-file")
     if images_dir:
         folder = Path(images_dir)
         if not folder.is_dir():
-            raise FileNotFoundError(f"--images-dir: folder not found: {folder}")
+            raise FileNotFoundError(f"{images_flag}: folder not found: {folder}")
         if not any(p.is_file() and p.suffix.lower() in IMAGE_EXTS for p in folder.rglob("*")):
-            raise ValueError(f"--images-dir: no image files ({', '.join(sorted(IMAGE_EXTS))}) under {folder}")
+            raise ValueError(f"{images_flag}: no image files ({', '.join(sorted(IMAGE_EXTS))}) under {folder}")
     if captions_file:
         path = Path(captions_file)
         if not path.is_file():

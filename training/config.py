@@ -220,15 +220,20 @@ def preset_path(name: str) -> Path | None:
     return Path(str(res)) if res.is_file() else None
 
 
-def list_presets() -> list[str]:
-    return sorted(p.name[:-5] for p in resources.files("configs").iterdir() if p.name.endswith(".yaml"))
+CAPTION_PRESET_PREFIX = "caption_"  # captioner presets (training/captioning/config.py); the rest train dual encoders
 
 
-def describe_presets() -> list[tuple[str, str, str]]:
+def list_presets(kind: str = "train") -> list[str]:
+    """Shipped presets: ``train`` (dual encoders) or ``caption`` (captioners)."""
+    names = sorted(p.name[:-5] for p in resources.files("configs").iterdir() if p.name.endswith(".yaml"))
+    return [n for n in names if n.startswith(CAPTION_PRESET_PREFIX) == (kind == "caption")]
+
+
+def describe_presets(kind: str = "train") -> list[tuple[str, str, str]]:
     """(name, what it is, what it costs on this kind of CPU) of every shipped preset, from the
     ``# summary:`` and ``# cost …:`` lines at the top of its YAML."""
     out = []
-    for name in list_presets():
+    for name in list_presets(kind):
         head = {}
         for line in preset_path(name).read_text().splitlines()[:6]:
             if line.startswith("# summary:"):
@@ -247,10 +252,10 @@ def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
-                base: dict | None = None) -> Config:
-    """Defaults ← ``base`` dict ← YAML file (path or preset name) ← ``--set`` overrides; validated."""
-    cfg = Config()
+def load_into(cfg: Any, path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+              base: dict | None = None, kind: str = "train") -> Any:
+    """Any dataclass config tree: defaults (``cfg``) ← ``base`` dict ← YAML file (path or preset
+    name) ← ``--set`` overrides. Not validated: the caller validates its own config type."""
     if base:
         _apply(cfg, base, "")
     if path:
@@ -258,8 +263,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if not p.is_file():
             pre = preset_path(str(path))
             if pre is None:
-                raise ConfigError(f"config file not found: {path}{did_you_mean(Path(str(path)).stem, list_presets())}; "
-                                  f"presets: {', '.join(list_presets())} (ltd train --list-presets)")
+                raise ConfigError(f"config file not found: {path}{did_you_mean(Path(str(path)).stem, list_presets(kind))}; "
+                                  f"presets: {', '.join(list_presets(kind))} (`--list-presets`)")
             p = pre
         try:
             data = yaml.safe_load(p.read_text()) or {}
@@ -269,6 +274,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     for ov in overrides:
         key, value = parse_override(ov)
         _apply(cfg, _nest(key, value), "")
+    return cfg
+
+
+def apply_dict(cfg: Any, d: dict) -> Any:
+    """Set the keys of a (nested) dict on a dataclass config tree, with type checks."""
+    _apply(cfg, d, "")
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                base: dict | None = None) -> Config:
+    """Defaults ← ``base`` dict ← YAML file (path or preset name) ← ``--set`` overrides; validated."""
+    cfg = load_into(Config(), path, overrides, base)
     validate(cfg)
     return cfg
 
@@ -328,7 +346,8 @@ def validate(cfg: Config) -> None:
                           "caption_only or bits:N (1 <= N <= 19)")
 
 
-def dump_config(cfg: Config, path: str | Path) -> None:
+def dump_config(cfg: Any, path: str | Path) -> None:
+    """Any dataclass config tree → YAML (atomic)."""
     from training.fsio import atomic_write_text
 
-    atomic_write_text(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    atomic_write_text(path, yaml.safe_dump(asdict(cfg), sort_keys=False))

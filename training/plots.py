@@ -1,4 +1,5 @@
-"""Training curves from metrics.jsonl: λ (log scale), L_rec with the η line, L_con and val rsum.
+"""Training curves from metrics.jsonl: λ (log scale), L_rec with the η line, L_con and val rsum
+(captioner runs: XE loss, SCST reward terms, val CIDEr-D and self-retrieval, training/captioning/plots.py).
 
 One run or several overlaid (the paper's Figure 3 is several η values on one set of axes).
 """
@@ -118,6 +119,12 @@ def figure_from_rows(series: list[tuple[str, float | None, list[dict]]], smooth:
 
 
 def figure(runs: list[Path], smooth: int = 5):
+    rows = [[json.loads(ln) for ln in (r / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+            if (r / "metrics.jsonl").is_file() else [] for r in runs]
+    from training.captioning.plots import caption_figure, is_caption_run
+
+    if rows and all(is_caption_run(r) for r in rows):  # captioner runs (ltd caption train)
+        return caption_figure([(run_label(r)[0], rr) for r, rr in zip(runs, rows)])
     series = []
     for run in runs:
         steps, vals = read_metrics(run)

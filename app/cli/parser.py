@@ -9,12 +9,12 @@ import argparse
 import logging
 import sys
 
-from app.cli import data, demo, experiment, index, serve, train
+from app.cli import caption, data, demo, experiment, index, serve, train
 from training.config import ConfigError
 from training.data.images import ImageError
 from training.data.karpathy import DatasetError
 
-COMMANDS = (data, train, index, serve, demo, experiment)
+COMMANDS = (data, train, index, serve, demo, experiment, caption)
 
 
 def _setup(verbose: bool) -> None:

@@ -32,14 +32,21 @@ def run_name(cfg, config_arg: str | None) -> str:
     return Path(config_arg).stem if config_arg else "synthetic_baseline"
 
 
+def print_presets(kind: str) -> None:
+    """One line per shipped preset: its name, what it is, what it costs on this kind of CPU."""
+    from training.config import describe_presets
+
+    rows = describe_presets(kind)
+    width = max(len(n) for n, _, _ in rows)
+    for name, summary, cost in rows:
+        print(f"{name:<{width}}  {summary}" + (f"  [{cost}]" if cost else ""))
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from training.config import describe_presets, load_config
+    from training.config import load_config
 
     if args.list_presets:
-        rows = describe_presets()
-        width = max(len(n) for n, _, _ in rows)
-        for name, summary, cost in rows:
-            print(f"{name:<{width}}  {summary}" + (f"  [{cost}]" if cost else ""))
+        print_presets("train")
         return 0
     cfg = load_config(args.config, args.set)
     out = Path(args.out) if args.out else Path("runs") / run_name(cfg, args.config)

@@ -1,0 +1,180 @@
+"""End to end on the tiny synthetic scenes: `ltd caption train` (XE → SCST with self-retrieval),
+resume, eval (report.json + report.md), generate (JSON lines), presets, config errors, plots."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import tiny_config
+
+TINY_CAP = ["data.synthetic_images=60", "data.image_size=64", "data.min_word_count=2", "model.word_dim=32",
+            "model.hidden=32", "model.att_dim=32", "xe.epochs=2", "scst.epochs=2", "xe.batch_size=8",
+            "scst.batch_size=8", "train.log_every=1"]
+
+
+def _sets(extra=()):
+    out = []
+    for s in TINY_CAP + list(extra):
+        out += ["--set", s]
+    return out
+
+
+def _rows(run, kind="step"):
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["type"] == kind]
+
+
+@pytest.fixture(scope="module")
+def judge(tmp_path_factory):
+    """A tiny retrieval model: the frozen self-retrieval judge."""
+    from app.pipeline import train_run
+
+    res = train_run(tiny_config("none"), tmp_path_factory.mktemp("judge") / "run", show_progress=False)
+    return res.run_dir / "best.pt"
+
+
+@pytest.fixture(scope="module")
+def sr_run(judge, tmp_path_factory):
+    from app.cli import main
+
+    run = tmp_path_factory.mktemp("cap") / "sr"
+    assert main(["caption", "train", "--config", "caption_synthetic_sr_fl", "--retrieval", str(judge), "--out", str(run),
+                 "--no-progress", *_sets()]) == 0
+    return run
+
+
+@pytest.mark.slow
+def test_train_logs_reward_terms_and_writes_safe_checkpoints(sr_run):
+    steps = _rows(sr_run)
+    xe, scst = [r for r in steps if r["stage"] == "xe"], [r for r in steps if r["stage"] == "scst"]
+    assert xe and scst and all("ss_prob" in r and "loss" in r for r in xe)
+    assert all({"cider", "r_ret", "reward", "baseline", "cider_greedy", "r_ret_greedy"} <= set(r) for r in scst)
+    assert all(r["r_ret"] <= 0 for r in scst)  # r_ret = −L_ret with a hinge loss
+    val = _rows(sr_run, "val")
+    assert [v["epoch"] for v in val] == [0, 1, 2, 1, 2] and all("self_R@1" in v and "cider" in v for v in val)
+    for name in ("checkpoint.pt", "best.pt"):
+        ck = torch.load(sr_run / name, weights_only=True)  # plain types only
+        assert ck["kind"] == "ltd-captioner" and ck["judge"]["sha256"]
+    assert torch.load(sr_run / "checkpoint.pt", weights_only=True)["stage"] == "scst"
+
+
+@pytest.mark.slow
+def test_eval_writes_a_report_with_every_metric(sr_run, judge, tmp_path, capsys):
+    from app.cli import main
+
+    out = tmp_path / "eval"
+    assert main(["caption", "eval", "--checkpoint", str(sr_run / "best.pt"), "--retrieval", str(judge), "--beam", "3",
+                 "--out", str(out), "--no-meteor", "--no-progress"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    for k in ("BLEU-1", "BLEU-4", "ROUGE-L", "CIDEr-D", "self_R@1", "self_R@5", "self_R@10", "unique_%", "novel_%"):
+        assert k in report, k
+    assert "METEOR" not in report and report["meta"]["meteor"] == "skipped"
+    assert "SPICE is not computed" in report["meta"]["spice"]
+    assert report["n_images"] == 6 and "Self-retrieval" in (out / "report.md").read_text()
+    caps = json.loads((out / "captions.json").read_text())
+    assert len(caps) == 6 and all(len(c["references"]) == 5 for c in caps)
+
+
+@pytest.mark.slow
+def test_generate_writes_json_lines_for_a_split_and_a_folder(sr_run, tmp_path, capsys):
+    from PIL import Image
+
+    from app.cli import main
+
+    out = tmp_path / "val.jsonl"
+    assert main(["caption", "generate", "--checkpoint", str(sr_run / "best.pt"), "--split", "val", "--beam", "2",
+                 "--out", str(out), "--no-progress", "--dataset", ""]) == 0
+    lines = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert len(lines) == 6 and all({"image_id", "filename", "caption"} <= set(r) for r in lines)
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    Image.new("RGB", (80, 60), (200, 30, 30)).save(folder / "red.png")
+    (folder / "broken.jpg").write_bytes(b"not an image")
+    (folder / "notes.txt").write_text("ignored")
+    capsys.readouterr()
+    assert main(["caption", "generate", "--checkpoint", str(sr_run / "best.pt"), "--images", str(folder),
+                 "--no-progress"]) == 0
+    rows = {r["file"]: r for r in map(json.loads, capsys.readouterr().out.strip().splitlines())}
+    assert set(rows) == {"red.png", "broken.jpg"} and "caption" in rows["red.png"] and "error" in rows["broken.jpg"]
+
+
+@pytest.mark.slow
+def test_resume_gives_the_same_next_steps(judge, tmp_path, monkeypatch):
+    """SR-PL run killed after its first SCST epoch, resumed: the same steps and rewards as a run that
+    never stopped (negatives, samples and dropout are seeded per step)."""
+    from training.captioning import checkpoint as ck
+    from training.captioning.config import load_caption_config
+    from training.captioning.loop import train_captioner
+
+    cfg = lambda: load_caption_config("caption_synthetic_sr_pl", TINY_CAP + [  # noqa: E731
+        f"train.retrieval={judge}", "scst.h_min=1", "scst.h_max=5"])
+    full = train_captioner(cfg(), tmp_path / "full", show_progress=False)
+    real = ck.save_caption_checkpoint
+
+    class Killed(Exception):
+        pass
+
+    def save_then_die(path, payload):
+        real(path, payload)
+        if path.name == "checkpoint.pt" and payload["stage"] == "scst" and payload["epoch"] == 1:
+            raise Killed
+
+    monkeypatch.setattr(ck, "save_caption_checkpoint", save_then_die)
+    with pytest.raises(Killed):
+        train_captioner(cfg(), tmp_path / "part", show_progress=False)
+    monkeypatch.setattr(ck, "save_caption_checkpoint", real)
+    train_captioner(cfg(), tmp_path / "part", resume=True, show_progress=False)
+    a, b = _rows(full.run_dir), _rows(tmp_path / "part")
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b):
+        for k in ("loss", "cider", "r_ret", "reward", "baseline"):
+            if k in ra:
+                assert ra[k] == pytest.approx(rb[k], rel=1e-5, abs=1e-6), (ra["step"], k)
+
+
+def test_config_errors_and_presets(tmp_path):
+    from training.captioning.config import load_caption_config
+    from training.config import ConfigError, list_presets
+
+    names = list_presets("caption")
+    assert {"caption_synthetic_xe", "caption_synthetic_scst_cider", "caption_synthetic_sr_fl", "caption_synthetic_sr_pl",
+            "caption_flickr8k_xe", "caption_flickr8k_scst_cider", "caption_flickr8k_sr_fl",
+            "caption_flickr8k_sr_pl"} <= set(names)
+    assert not set(names) & set(list_presets())  # retrieval presets and caption presets stay apart
+    fake = tmp_path / "judge.pt"
+    fake.write_bytes(b"x")
+    for name in names:
+        load_caption_config(name, [f"train.retrieval={fake}"])
+    with pytest.raises(ConfigError, match="need a frozen retrieval checkpoint"):
+        load_caption_config("caption_synthetic_sr_fl")
+    with pytest.raises(ConfigError, match="scst.retrieval_loss='hinge' is not valid"):
+        load_caption_config("caption_synthetic_xe", ["scst.retrieval_loss=hinge"])
+    with pytest.raises(ConfigError, match="unknown config key 'xe.epoch'"):
+        load_caption_config("caption_synthetic_xe", ["xe.epoch=3"])
+    with pytest.raises(ConfigError, match="h_min"):
+        load_caption_config("caption_synthetic_xe", ["scst.h_min=50", "scst.h_max=10"])
+
+
+def test_cli_validates_inputs_before_loading_models(tmp_path, capsys):
+    from app.cli import main
+
+    assert main(["caption", "eval", "--checkpoint", str(tmp_path / "none.pt")]) == 2
+    assert "caption checkpoint not found" in capsys.readouterr().err
+    (tmp_path / "c.pt").write_bytes(b"x")
+    assert main(["caption", "generate", "--checkpoint", str(tmp_path / "c.pt"), "--images", str(tmp_path / "nope")]) == 2
+    assert "--images: folder not found" in capsys.readouterr().err
+    assert main(["caption", "generate", "--checkpoint", str(tmp_path / "c.pt"), "--images", str(tmp_path)]) == 2
+    assert "no image files" in capsys.readouterr().err
+    assert main(["caption", "eval", "--checkpoint", str(tmp_path / "c.pt"), "--beam", "0"]) == 2
+    assert "--beam must be" in capsys.readouterr().err
+    assert main(["caption", "train", "--retrieval", str(tmp_path / "missing.pt")]) == 2
+    assert "retrieval checkpoint not found" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_plot_draws_caption_curves(sr_run, tmp_path):
+    from app.cli import main
+
+    assert main(["plot", str(sr_run), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "curves.png").stat().st_size > 1000

@@ -1,0 +1,240 @@
+"""Caption metrics: the COCO toolkit's scorers on hand-made cases, CIDEr-D three ways (toolkit, our
+batched reward, an independent re-implementation here), the Python PTB tokenizer against the
+toolkit's Java one, METEOR without Java, self-retrieval, unique and novel shares."""
+from __future__ import annotations
+
+import math
+import random
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from indexer.caption_metrics import (CaptionMetricsError, coco_scores, novel_share, self_retrieval, unique_share)
+from indexer.ptb_tokenize import PUNCTUATIONS, coco_tokenize
+from training.captioning.cider import CiderD
+
+pytest.importorskip("pycocoevalcap")
+HAS_JAVA = subprocess.run(["which", "java"], capture_output=True).returncode == 0
+
+
+def reference_cider_d(gts: dict, res: dict, df_refs: dict | None = None, n: int = 4, sigma: float = 6.0) -> dict:
+    """CIDEr-D written from the paper's definition (Vedantam et al. 2015, with the toolkit's CIDEr-D
+    details: clipped tf-idf, Gaussian length penalty on the bigram count, ×10), one dict per sentence."""
+    df_refs = df_refs or gts
+
+    def grams(words):
+        return Counter(tuple(words[i:i + k]) for k in range(1, n + 1) for i in range(len(words) - k + 1))
+
+    df = Counter(g for refs in df_refs.values() for g in {g for r in refs for g in grams(r.split())})
+    log_n = math.log(len(df_refs))
+
+    def vec(words):
+        c = grams(words)
+        return {g: tf * (log_n - math.log(max(1.0, df[g]))) for g, tf in c.items()}, sum(
+            tf for g, tf in c.items() if len(g) == 2)
+
+    out = {}
+    for key, (hyp,) in res.items():
+        vh, lh = vec(hyp.split())
+        total = 0.0
+        for ref in gts[key]:
+            vr, lr = vec(ref.split())
+            sims = []
+            for k in range(1, n + 1):
+                hk = {g: v for g, v in vh.items() if len(g) == k}
+                rk = {g: v for g, v in vr.items() if len(g) == k}
+                dot = sum(min(v, rk.get(g, 0.0)) * rk.get(g, 0.0) for g, v in hk.items())
+                nh, nr = math.sqrt(sum(v * v for v in hk.values())), math.sqrt(sum(v * v for v in rk.values()))
+                s = dot / (nh * nr) if nh and nr else dot
+                sims.append(s * math.exp(-((lh - lr) ** 2) / (2 * sigma ** 2)))
+            total += sum(sims) / n
+        out[key] = 10.0 * total / len(gts[key])
+    return out
+
+
+def _random_corpus(seed: int, n_images: int = 40, words: str = "a b c d e f g h"):
+    rng = random.Random(seed)
+    w = words.split()
+    gts = {i: [" ".join(rng.choices(w, k=rng.randint(1, 11))) for _ in range(rng.randint(1, 5))] for i in range(n_images)}
+    res = {i: [" ".join(rng.choices(w, k=rng.randint(0, 11)))] for i in range(n_images)}
+    res[0] = [gts[0][0]]
+    return gts, res
+
+
+def test_identical_captions_score_the_maximum():
+    gts = {0: ["a dog runs on the grass"] * 3, 1: ["two cats sleep on a red sofa"] * 2, 2: ["a man rides a bike"]}
+    res = {k: [v[0]] for k, v in gts.items()}
+    s = coco_scores(gts, res, meteor=False)
+    for k in ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "ROUGE-L"):
+        assert s[k] == pytest.approx(1.0, abs=1e-6), k
+    assert s["CIDEr-D"] == pytest.approx(10.0)
+
+
+def test_disjoint_captions_score_zero():
+    gts = {0: ["a dog runs on the grass"], 1: ["two cats sleep on a sofa"]}
+    res = {0: ["purple elephants juggle violins"], 1: ["quantum chromodynamics lecture notes"]}
+    s = coco_scores(gts, res, meteor=False)
+    for k in ("BLEU-1", "BLEU-4", "ROUGE-L", "CIDEr-D"):
+        assert s[k] == pytest.approx(0.0, abs=1e-6), k
+
+
+def test_known_cider_d_value():
+    """Two images with one reference each. "a" is in both references, so its idf is log 2 − log 2 = 0;
+    every other n-gram has idf log 2. Image 0's candidate equals its reference: cosine 1 for 1-, 2- and
+    3-grams, and 0 for 4-grams (the sentence has none): CIDEr-D = 10 · (1 + 1 + 1 + 0) / 4 = 7.5.
+    Image 1's candidate shares only "a" (weight 0): 0. The corpus score is their mean, 3.75."""
+    gts = {0: ["a dog runs"], 1: ["a cat sits"]}
+    res = {0: ["a dog runs"], 1: ["a bird"]}
+    s = coco_scores(gts, res, meteor=False, tokenized=True)
+    assert s["per_caption_CIDEr-D"] == pytest.approx({0: 7.5, 1: 0.0})
+    assert s["CIDEr-D"] == pytest.approx(3.75)
+    words = {w: i for i, w in enumerate("a dog runs cat sits bird".split())}
+    enc = lambda t: [words[w] for w in t.split()]  # noqa: E731
+    ours = CiderD([[enc(r) for r in gts[k]] for k in (0, 1)], base=len(words) + 1).score([enc(res[k][0]) for k in (0, 1)], [0, 1])
+    np.testing.assert_allclose(ours, [7.5, 0.0])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cider_d_three_implementations_agree(seed):
+    from pycocoevalcap.cider.cider import Cider
+
+    gts, res = _random_corpus(seed)
+    _, toolkit = Cider().compute_score(gts, res)
+    independent = reference_cider_d(gts, res)
+    words = {w: i for i, w in enumerate("a b c d e f g h".split())}
+    enc = lambda t: [words[w] for w in t.split()]  # noqa: E731
+    keys = sorted(gts)
+    ours = CiderD([[enc(r) for r in gts[k]] for k in keys]).score([enc(res[k][0]) for k in keys], keys)
+    np.testing.assert_allclose(toolkit, [independent[k] for k in keys], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(ours, toolkit, rtol=1e-9, atol=1e-12)
+
+
+def test_cider_d_with_document_frequencies_from_other_references():
+    """The training reward takes document frequencies from the training references, not the scored ones."""
+    gts, res = _random_corpus(5, n_images=12)
+    train, _ = _random_corpus(6, n_images=30)
+    words = {w: i for i, w in enumerate("a b c d e f g h".split())}
+    enc = lambda t: [words[w] for w in t.split()]  # noqa: E731
+    keys = sorted(gts)
+    ours = CiderD([[enc(r) for r in gts[k]] for k in keys], df_refs=[[enc(r) for r in train[k]] for k in sorted(train)])
+    expected = reference_cider_d(gts, res, df_refs=train)
+    np.testing.assert_allclose(ours.score([enc(res[k][0]) for k in keys], keys), [expected[k] for k in keys], rtol=1e-9)
+
+
+def test_cider_d_repeated_hypotheses_and_padding_are_scored_independently():
+    refs = [[[4, 5, 6, 7]], [[8, 9, 4]], [[5, 5, 5]]]
+    c = CiderD(refs, base=20)
+    one = c.score([[4, 5, 6, 7], [8, 9]], [0, 1])
+    arr = np.array([[4, 5, 6, 7, 1, 1], [8, 9, 3, 3, 3, 3], [4, 5, 6, 7, 0, 0]])
+    batched = c.score(arr, [0, 1, 0], lengths=np.array([4, 2, 4]))
+    np.testing.assert_allclose(batched, [one[0], one[1], one[0]])
+
+
+TRICKY = [
+    ("A man's dog doesn't like the colour grey (or red).", "a man 's dog does n't like the colour grey -lrb- or red -rrb-"),
+    ('Two "people" are walking; one is holding an umbrella!', "two people are walking one is holding an umbrella"),
+    ("The t-shirt costs $5.50 and/or 3/4 of it... isn't it?", "the t-shirt costs $ 5.50 and/or 3/4 of it is n't it"),
+    ("She said 'hello' -- then left & waved ... OK?", "she said hello then left & waved ok"),
+    ("gonna wanna can't won't I'm we're they'll you'd cannot", "gon na wan na ca n't wo n't i 'm we 're they 'll you 'd can not"),
+    ("U.S. flag at 10:30 a.m. e.g. etc.", "u.s. flag at 10:30 a.m. e.g. etc."),
+    ("He's running. Mr. Smith's cat; Dogs' toys", "he 's running mr. smith 's cat dogs toys"),
+    ("Kids play in the sprinkler  with   extra   spaces", "kids play in the sprinkler with extra spaces"),
+    ("A dog [jumps] over {the} fence 50% *star*", "a dog -lsb- jumps -rsb- over -lcb- the -rcb- fence 50 % * star *"),
+    ("Café — an em dash – en dash … “curly” ‘single’", "café an em dash en dash curly single"),
+    ("A small child slides down a slip 'n' slide .", "a small child slides down a slip 'n' slide"),
+    ("An ant 's-eye-view of people", "an ant 's eye-view of people"),
+    ("It's 1,000 people, 3.14, .5 pieces hello..world ok!! why?? well ?!",
+     "it 's 1,000 people 3.14 .5 pieces hello world ok !! why ?? well ?!"),
+    ('A man with a shirt saying " -ependent " faces the camera', "a man with a shirt saying ependent faces the camera"),
+]
+
+
+@pytest.mark.parametrize("raw, expected", TRICKY)
+def test_python_ptb_tokenizer_on_tricky_strings(raw, expected):
+    assert coco_tokenize(raw) == expected
+
+
+@pytest.mark.skipif(not HAS_JAVA, reason="needs java for the toolkit's Stanford PTBTokenizer")
+def test_python_ptb_tokenizer_agrees_with_the_java_one(tmp_path):
+    """The toolkit's exact command (-preserveLines -lowerCase) and punctuation filter, run on our strings."""
+    import pycocoevalcap.tokenizer.ptbtokenizer as tk
+
+    jar = Path(tk.__file__).parent / tk.STANFORD_CORENLP_3_4_1_JAR
+    src = tmp_path / "s.txt"
+    src.write_text("\n".join(raw for raw, _ in TRICKY))
+    out = subprocess.run(["java", "-cp", str(jar), "edu.stanford.nlp.process.PTBTokenizer", "-preserveLines",
+                          "-lowerCase", str(src)], capture_output=True, text=True, timeout=120).stdout.split("\n")
+    for (raw, _), line in zip(TRICKY, out):
+        java = " ".join(w for w in line.rstrip().split(" ") if w not in PUNCTUATIONS)
+        assert coco_tokenize(raw) == java, raw
+
+
+def test_meteor_without_java_is_skipped_with_a_reason(monkeypatch):
+    import indexer.caption_metrics as cm
+
+    monkeypatch.setattr(cm.shutil, "which", lambda name: None)
+    gts, res = {0: ["a dog runs"], 1: ["a cat"]}, {0: ["a dog runs"], 1: ["a cat"]}
+    s = cm.coco_scores(gts, res)
+    assert "METEOR" not in s and "needs Java" in s["meteor_unavailable"] and "make java-deps" in s["meteor_unavailable"]
+    with pytest.raises(CaptionMetricsError, match="needs Java"):
+        cm.coco_scores(gts, res, meteor=True)
+
+
+@pytest.mark.skipif(not HAS_JAVA, reason="METEOR needs java")
+def test_meteor_with_java_orders_identical_above_disjoint():
+    gts = {0: ["a dog runs on the grass"], 1: ["two cats sleep on a red sofa"]}
+    same = coco_scores(gts, {k: [v[0]] for k, v in gts.items()}, meteor=True)["METEOR"]
+    other = coco_scores(gts, {0: ["purple elephants juggle"], 1: ["violins in space"]}, meteor=True)["METEOR"]
+    assert same > 0.9 and other < 0.05
+
+
+def test_inputs_must_line_up():
+    with pytest.raises(CaptionMetricsError, match="same keys"):
+        coco_scores({0: ["a"]}, {1: ["a"]}, meteor=False)
+    with pytest.raises(CaptionMetricsError, match="exactly one candidate"):
+        coco_scores({0: ["a"]}, {0: ["a", "b"]}, meteor=False)
+
+
+def test_self_retrieval_ranks_each_caption_against_all_images():
+    # rows: images, columns: captions; caption j was generated for image j
+    sims = np.array([[0.9, 0.1, 0.5],
+                     [0.2, 0.3, 0.6],
+                     [0.1, 0.8, 0.4]])
+    r = self_retrieval(sims, ks=(1, 2))
+    # caption 0: own 0.9 is the best (rank 1); caption 1: 0.8 (image 2) above own 0.3 → rank 2;
+    # caption 2: own 0.4 below 0.5 and 0.6 → rank 3
+    assert r["self_R@1"] == pytest.approx(100 / 3) and r["self_R@2"] == pytest.approx(200 / 3)
+    assert r["self_medr"] == 2
+    tie = self_retrieval(np.array([[0.5, 0.5], [0.5, 0.5]]), ks=(1,))
+    assert tie["self_R@1"] == 50.0  # ties go to the smaller image index, as in indexer/metrics.py
+
+
+def test_unique_and_novel_shares():
+    caps = ["A dog runs.", "a dog runs", "A cat sleeps", "a bird flies"]
+    assert unique_share(caps) == pytest.approx(3 / 4)
+    assert novel_share(caps, ["a dog runs !", "a bird flies"]) == pytest.approx(1 / 4)
+
+
+@pytest.mark.realdata
+@pytest.mark.skipif(not HAS_JAVA, reason="needs java for the toolkit's Stanford PTBTokenizer")
+def test_python_ptb_tokenizer_agrees_with_java_on_every_flickr8k_caption(tmp_path):
+    import json
+
+    import pycocoevalcap.tokenizer.ptbtokenizer as tk
+    from conftest import flickr8k_json
+
+    path = flickr8k_json()
+    if path is None:
+        pytest.skip("needs the Flickr8k dataset: set LTD_DATA_DIR")
+    lines = [s["raw"].replace("\n", " ") for im in json.loads(path.read_text())["images"] for s in im["sentences"]]
+    src = tmp_path / "caps.txt"
+    src.write_text("\n".join(lines))
+    jar = Path(tk.__file__).parent / tk.STANFORD_CORENLP_3_4_1_JAR
+    out = subprocess.run(["java", "-cp", str(jar), "edu.stanford.nlp.process.PTBTokenizer", "-preserveLines",
+                          "-lowerCase", str(src)], capture_output=True, text=True, timeout=600).stdout.split("\n")
+    differ = [raw for raw, line in zip(lines, out)
+              if coco_tokenize(raw) != " ".join(w for w in line.rstrip().split(" ") if w not in PUNCTUATIONS)]
+    assert len(lines) == 40_000 and differ == []

@@ -1,0 +1,286 @@
+"""The captioner's training run: XE epochs (scheduled sampling), then SCST epochs (CIDEr-D +
+α · self-retrieval reward), validation after every epoch, resumable checkpoints.
+
+Determinism: the image order of every epoch and every random choice inside a step (captions drawn,
+scheduled-sampling swaps, sampled captions, unlabelled negatives, dropout) come from generators
+seeded by (seed, stage, epoch, step), so a resumed run replays exactly the steps an uninterrupted
+run takes. ``metrics.jsonl`` rows: ``step`` (stage xe: loss, ss_prob; stage scst: cider, r_ret,
+reward, baseline, their greedy counterparts, loss), ``epoch`` (seconds), ``val`` (CIDEr-D of greedy
+captions on val, and self-retrieval R@1 among val images when a judge is loaded).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from training.captioning import checkpoint as ckpt_io
+from training.captioning.config import CaptionConfig
+from training.captioning.data import FEAT_CHANNELS, CaptionData, default_device, prepare_captioning, regions
+from training.captioning.decoding import sample
+from training.captioning.inference import decode_regions, specials
+from training.captioning.model import build_captioner
+from training.captioning.negatives import NegativeSampler
+from training.captioning.retrieval_reward import Judge, load_judge, unlabelled_ranks
+from training.captioning.scst import SelfRetrievalReward, scst_loss
+from training.captioning.vocab import CaptionVocab, sequence_lengths
+from training.captioning.xe import epoch_captions, feedback_probability, xe_loss
+from training.checkpoint import sha256_file, versions
+from training.config import ConfigError, dump_config
+from training.loop import MetricsLog
+
+log = logging.getLogger(__name__)
+STAGES = ("xe", "scst")
+
+
+@dataclass
+class CaptionRunResult:
+    run_dir: Path
+    best_cider: float
+    best_epoch: int
+    seconds: float
+
+
+def step_seed(seed: int, stage: str, epoch: int, step: int) -> int:
+    return int(np.random.default_rng([seed, STAGES.index(stage), epoch, step]).integers(2**62))
+
+
+def _clip(params, value: float) -> None:
+    if value > 0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.clamp_(-value, value)
+
+
+class CaptionRun:
+    """State of one run; ``fit`` runs the remaining epochs of both stages."""
+
+    def __init__(self, cfg: CaptionConfig, run_dir: Path, *, resume: bool, data: CaptionData | None,
+                 show_progress: bool):
+        self.cfg, self.run_dir, self.show = cfg, run_dir, show_progress
+        self.device = default_device(cfg.train.device)
+        if cfg.train.num_threads:
+            torch.set_num_threads(cfg.train.num_threads)
+        self.ckpt_path, self.best_path = run_dir / "checkpoint.pt", run_dir / "best.pt"
+        if self.ckpt_path.exists() and not resume:
+            raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
+        ckpt = ckpt_io.load_caption_checkpoint(self.ckpt_path) if resume and self.ckpt_path.exists() else None
+        init = ckpt_io.load_caption_checkpoint(cfg.train.init_from) if cfg.train.init_from and ckpt is None else None
+        source = ckpt or init
+        vocab = CaptionVocab.from_dict(source["vocab"]) if source else None
+        self.data = data or prepare_captioning(cfg, vocab=vocab, show_progress=show_progress, device=str(self.device))
+        if source is not None and source.get("labelled") != np.flatnonzero(self.data.labelled).tolist():
+            raise ConfigError("the checkpoint was trained on another labelled subset (data.labelled_fraction or "
+                              "train.seed differ)")
+        torch.manual_seed(cfg.train.seed)
+        v = self.data.vocab
+        self.model = build_captioner(len(v), FEAT_CHANNELS, cfg.model, v.pad_id, v.bos_id).to(self.device)
+        self.sp = specials(v)
+        self.judge = self._load_judge()
+        self.stage, self.epoch, self.step_in_epoch, self.global_step = "xe", 0, 0, 0
+        self.best = {"cider": -1.0, "epoch": -1}
+        if cfg.xe.epochs == 0 or init is not None:
+            self.stage = "scst"
+        self.optimizer = self._optimizer(self.stage)
+        if init is not None:
+            self.model.load_state_dict(init["model"])
+            log.info("SCST starts from %s", cfg.train.init_from)
+        if ckpt is not None:
+            self.model.load_state_dict(ckpt["model"])
+            self.stage, self.epoch, self.step_in_epoch = ckpt["stage"], ckpt["epoch"], ckpt["step_in_epoch"]
+            self.global_step, self.best = ckpt["step"], ckpt["best"]
+            self.optimizer = self._optimizer(self.stage)
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+            log.info("resumed %s at stage %s epoch %d step %d", run_dir, self.stage, self.epoch, self.global_step)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, run_dir / "config.yaml")
+        self.mlog = MetricsLog(run_dir / "metrics.jsonl", resume_step=self.global_step if ckpt is not None else None)
+        self.fresh = ckpt is None
+        self.reward = SelfRetrievalReward(self.data.train_cider, self.judge, eos_id=v.eos_id,
+                                          cider_weight=cfg.scst.cider_weight, alpha=cfg.scst.alpha,
+                                          loss=cfg.scst.retrieval_loss, margin=cfg.scst.margin, tau=cfg.scst.tau)
+        self.sampler, self.pool_rows = None, np.zeros(0, dtype=np.int64)
+
+    # ---- set-up -------------------------------------------------------------------------------
+    def _load_judge(self) -> Judge | None:
+        path = self.cfg.train.retrieval
+        if not path:
+            return None
+        return load_judge(path, self.data.dataset, self.data.vocab.words, cache_dir=self.cfg.data.cache_dir,
+                          device=str(self.device), show_progress=self.show)
+
+    def _optimizer(self, stage: str) -> torch.optim.Optimizer:
+        lr = self.cfg.xe.lr if stage == "xe" else self.cfg.scst.lr
+        return torch.optim.Adam(self.model.parameters(), lr=lr)
+
+    def _negatives(self) -> None:
+        """SR-PL: rank the unlabelled pool for every labelled caption once (the judge is frozen)."""
+        d, s = self.data, self.cfg.scst
+        if d.labelled.all() or self.sampler is not None:
+            return
+        pool_local = np.flatnonzero(~d.labelled)
+        self.pool_rows = d.train_rows[pool_local]
+        per_image = d.train.image_to_captions
+        caps = [c for i in d.labelled_images for c in per_image[i]]
+        cap_img = np.concatenate([np.full(len(per_image[i]), j) for j, i in enumerate(d.labelled_images)])
+        ranked = None
+        if s.negatives != "random":
+            emb = self.judge.model.embed_texts([d.train.captions[c].raw for c in caps])
+            ranked = unlabelled_ranks(self.judge, emb, self.pool_rows, s.h_max)
+        self.sampler = NegativeSampler(ranked, cap_img, len(pool_local), mode=s.negatives, h_min=s.h_min, h_max=s.h_max)
+        log.info("SR-PL: %d labelled, %d unlabelled images; negatives %s [%d, %d]", len(d.labelled_images),
+                 len(pool_local), s.negatives, s.h_min, s.h_max)
+
+    # ---- steps --------------------------------------------------------------------------------
+    def _xe_step(self, images: np.ndarray, caps: np.ndarray, ss: float, gen: torch.Generator) -> dict:
+        d = self.data
+        reg = regions(d.grid, d.train_rows[images]).to(self.device)
+        targets = d.targets[caps.reshape(-1)].to(self.device)
+        loss = xe_loss(self.model, reg, targets, caps.shape[1], ss, gen)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        _clip(self.model.parameters(), self.cfg.xe.grad_clip)
+        self.optimizer.step()
+        return {"loss": float(loss.detach()), "ss_prob": ss}
+
+    def _scst_step(self, lab: np.ndarray, rng: np.random.Generator, gen: torch.Generator) -> dict:
+        d, s = self.data, self.cfg.scst
+        rows, refs = d.train_rows[d.labelled_images[lab]], lab.astype(np.int64)
+        if self.sampler is not None:
+            neg = self.sampler.sample(lab, rng)
+            rows = np.concatenate([rows, self.pool_rows[neg]])
+            refs = np.concatenate([refs, -np.ones(len(neg), np.int64)])  # unlabelled: no CIDEr
+        reg = regions(d.grid, rows).to(self.device)
+        n, L = len(rows), d.vocab.max_len
+        greedy_ids = decode_regions(self.model, reg, d.vocab)
+        self.model.train()
+        ctx = self.model.encode(reg)
+        ids, lp, mask = sample(lambda w, st: self.model.step(w, ctx, st), self.model.init_state(n), n, L, self.sp,
+                               temperature=s.temperature, generator=gen)
+        terms = self.reward(torch.cat([ids.cpu(), greedy_ids]), rows, refs)
+        r_s, r_g = terms.total[:n].to(self.device), terms.total[n:].to(self.device)
+        loss = scst_loss(lp, mask, r_s, r_g)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        _clip(self.model.parameters(), s.grad_clip)
+        self.optimizer.step()
+        lab_m = torch.from_numpy(refs >= 0)
+        return {"loss": float(loss.detach()), "reward": float(r_s.mean()), "baseline": float(r_g.mean()),
+                "cider": float(terms.cider[:n][lab_m].mean()), "cider_greedy": float(terms.cider[n:][lab_m].mean()),
+                "r_ret": float(terms.r_ret[:n].mean()), "r_ret_greedy": float(terms.r_ret[n:].mean()),
+                "sample_len": float(sequence_lengths(ids, d.vocab.eos_id).float().mean())}
+
+    # ---- epochs -------------------------------------------------------------------------------
+    def _batches(self, stage: str, epoch: int) -> list[np.ndarray]:
+        """XE: local train indices of labelled images; SCST: positions in the labelled list (the
+        CIDEr references' order). A last SCST batch of one image is dropped (no negatives)."""
+        d, rng = self.data, np.random.default_rng([self.cfg.train.seed, STAGES.index(stage), epoch])
+        if stage == "xe":
+            order, bs = rng.permutation(d.labelled_images), self.cfg.xe.batch_size
+            return [order[i : i + bs] for i in range(0, len(order), bs)]
+        order, bs = rng.permutation(len(d.labelled_images)), self.cfg.scst.batch_size
+        return [b for b in (order[i : i + bs] for i in range(0, len(order), bs)) if len(b) >= 2]
+
+    def _epoch(self, stage: str, epoch: int, n_epochs: int) -> None:
+        cfg, d = self.cfg, self.data
+        batches = self._batches(stage, epoch)
+        if stage == "xe":
+            for g in self.optimizer.param_groups:
+                g["lr"] = cfg.xe.lr * cfg.xe.lr_decay ** (epoch // cfg.xe.lr_decay_every)
+            ss = feedback_probability(epoch, cfg.xe.ss_every, cfg.xe.ss_step, cfg.xe.ss_max)
+            caps = epoch_captions(d.train.image_to_captions, np.concatenate(batches) if batches else np.zeros(0, int),
+                                  cfg.xe.captions_per_image, np.random.default_rng([cfg.train.seed, 0, epoch, 1]))
+            offsets = np.cumsum([0] + [len(b) for b in batches])
+        else:
+            self._negatives()
+        t0 = time.time()
+        bar = tqdm(total=len(batches), initial=self.step_in_epoch, desc=f"{stage} epoch {epoch + 1}/{n_epochs}",
+                   unit="step", disable=not self.show, leave=False)
+        for s in range(self.step_in_epoch, len(batches)):
+            seed = step_seed(cfg.train.seed, stage, epoch, s)
+            gen = torch.Generator().manual_seed(seed)
+            torch.manual_seed(seed)  # dropout draws from the global generator
+            self.model.train()
+            if stage == "xe":
+                row = self._xe_step(batches[s], caps[offsets[s] : offsets[s + 1]], ss, gen)
+            else:
+                row = self._scst_step(batches[s], np.random.default_rng(seed), gen)
+            self.global_step += 1
+            if self.global_step % cfg.train.log_every == 0 or s == len(batches) - 1:
+                self.mlog.write(type="step", stage=stage, epoch=epoch + 1, step=self.global_step,
+                                lr=self.optimizer.param_groups[0]["lr"], **row)
+            every = cfg.train.checkpoint_every
+            if every and self.global_step % every == 0 and s < len(batches) - 1:
+                self.save(self.ckpt_path, stage, epoch, s + 1)
+            bar.update(1)
+            bar.set_postfix({k: f"{row[k]:.3f}" for k in ("loss", "cider", "r_ret") if k in row})
+        bar.close()
+        self.step_in_epoch = 0
+        self.mlog.write(type="epoch", stage=stage, epoch=epoch + 1, step=self.global_step, seconds=time.time() - t0)
+
+    @torch.no_grad()
+    def validate(self, stage: str, epoch: int) -> dict:
+        """Greedy captions of the val images: CIDEr-D (×100; the captioner's ids are a prefix of the
+        CIDEr word ids, so no text round trip), unique captions, and self-retrieval R@1 among the val
+        images when a judge is loaded."""
+        d = self.data
+        rows = d.val_rows[: self.cfg.train.val_max_images or None]
+        ids = torch.cat([decode_regions(self.model, regions(d.grid, rows[i : i + 100]), d.vocab)
+                         for i in range(0, len(rows), 100)])
+        lengths = sequence_lengths(ids, d.vocab.eos_id)
+        res = {"cider": float(d.val_cider.score(ids.numpy(), np.arange(len(rows)), lengths.numpy()).mean() * 100)}
+        if self.judge is not None:
+            sims = self.judge.similarities(self.judge.embed_ids(ids, lengths), torch.as_tensor(rows))
+            own = sims.diagonal()
+            res["self_R@1"] = float(100 * ((sims > own[:, None]).sum(1) == 0).float().mean())
+        res["unique"] = float(100 * len(set(d.vocab.decode_batch(ids))) / max(1, len(rows)))
+        self.mlog.write(type="val", stage=stage, epoch=epoch, step=self.global_step, **res)
+        return res
+
+    def save(self, path: Path, stage: str, epoch: int, step_in_epoch: int, resumable: bool = True) -> None:
+        d = self.data
+        judge = {"path": self.cfg.train.retrieval, "sha256": sha256_file(self.cfg.train.retrieval)[:16]} \
+            if self.cfg.train.retrieval else None
+        ckpt_io.save_caption_checkpoint(path, {
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict() if resumable else None,
+            "stage": stage, "epoch": epoch, "step_in_epoch": step_in_epoch, "step": self.global_step,
+            "config": self.cfg.to_dict(), "vocab": d.vocab.to_dict(), "feat_dim": 1280,
+            "feature_key": d.feature_key, "labelled": np.flatnonzero(d.labelled).tolist(), "best": dict(self.best),
+            "judge": judge, "versions": versions(), "torch_rng": torch.get_rng_state(),
+            "dataset": {"name": d.dataset.name, "json": str(d.dataset.json_path)}})
+
+    def fit(self) -> None:
+        cfg = self.cfg
+        if self.fresh:
+            r0 = self.validate(self.stage, 0)
+            log.info("val CIDEr-D before training%s: %.1f", " (from train.init_from)" if self.cfg.train.init_from else "",
+                     r0["cider"])
+        plan = [("xe", cfg.xe.epochs), ("scst", cfg.scst.epochs)]
+        for stage, n_epochs in plan[STAGES.index(self.stage):]:
+            if stage != self.stage:  # XE finished: SCST starts with its own optimiser and learning rate
+                self.stage, self.epoch, self.step_in_epoch = stage, 0, 0
+                self.optimizer = self._optimizer(stage)
+            for epoch in range(self.epoch, n_epochs):
+                self._epoch(stage, epoch, n_epochs)
+                res = self.validate(stage, epoch + 1)
+                if res["cider"] > self.best["cider"]:
+                    self.best = {"cider": res["cider"], "epoch": epoch + 1, "stage": stage}
+                    self.save(self.best_path, stage, epoch + 1, 0, resumable=False)
+                self.epoch = epoch + 1
+                self.save(self.ckpt_path, stage, epoch + 1, 0)
+                log.info("%s epoch %d/%d: val CIDEr-D %.1f%s", stage, epoch + 1, n_epochs, res["cider"],
+                         "".join(f", {k} {v:.1f}" for k, v in res.items() if k != "cider"))
+            self.epoch = n_epochs
+
+
+def train_captioner(cfg: CaptionConfig, run_dir: str | Path, *, resume: bool = False, data: CaptionData | None = None,
+                    show_progress: bool = True) -> CaptionRunResult:
+    t0 = time.time()
+    run = CaptionRun(cfg, Path(run_dir), resume=resume, data=data, show_progress=show_progress)
+    run.fit()
+    return CaptionRunResult(Path(run_dir), run.best["cider"], run.best["epoch"], time.time() - t0)

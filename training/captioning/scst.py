@@ -1,0 +1,67 @@
+"""Self-critical sequence training (Rennie et al. 2017) with the self-retrieval reward (Liu et al. 2018).
+
+One sample per image; the baseline is the reward of the greedy caption of the same image, so the
+advantage is r(sample) − r(greedy) and no value network is needed. The loss is REINFORCE's
+−(r − b) · Σ_t log π(w_t), averaged over the sampled tokens (<eos> included), as the self-critical
+code does.
+
+Reward per caption: ``cider_weight`` · CIDEr-D (labelled images only) + ``alpha`` · r_ret, with
+r_ret = −L_ret of the caption as a query against all images of the batch (labelled and unlabelled).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from training.captioning.cider import CiderD
+from training.captioning.retrieval_reward import Judge, retrieval_loss
+from training.captioning.vocab import sequence_lengths
+
+
+def scst_loss(logprobs: torch.Tensor, mask: torch.Tensor, reward: torch.Tensor, baseline: torch.Tensor) -> torch.Tensor:
+    """REINFORCE with a baseline: −Σ (r − b) log π(w_t) over the masked tokens / number of tokens."""
+    adv = (reward - baseline).detach().to(logprobs.dtype)
+    m = mask.to(logprobs.dtype)
+    return -(adv[:, None] * logprobs * m).sum() / m.sum().clamp_min(1.0)
+
+
+@dataclass
+class RewardTerms:
+    total: torch.Tensor  # (B,)
+    cider: torch.Tensor  # (B,) 0 for unlabelled images
+    r_ret: torch.Tensor  # (B,) 0 when there is no judge
+
+
+class SelfRetrievalReward:
+    """r(c) for the captions of a batch: CIDEr-D against the references of labelled images plus the
+    judge's retrieval reward among the batch's images."""
+
+    def __init__(self, cider: CiderD | None, judge: Judge | None, *, eos_id: int, cider_weight: float = 1.0,
+                 alpha: float = 0.0, loss: str = "vse_max", margin: float = 0.2, tau: float = 0.1):
+        if alpha > 0 and judge is None:
+            raise ValueError("a retrieval reward (alpha > 0) needs a judge")
+        self.cider, self.judge, self.eos_id = cider, judge, eos_id
+        self.cider_weight, self.alpha, self.loss_kind, self.margin, self.tau = cider_weight, alpha, loss, margin, tau
+
+    def __call__(self, ids: torch.Tensor, image_rows: np.ndarray, cider_refs: np.ndarray) -> RewardTerms:
+        """``ids`` (Q, L) captions; ``image_rows`` (B,) dataset rows of the batch images, and the
+        captions are ``k = Q / B`` blocks of B (e.g. samples then greedy), block-row i for image i;
+        ``cider_refs`` (B,): each image's index in the CIDEr references, −1 for unlabelled images."""
+        q, b = ids.shape[0], len(image_rows)
+        lengths = sequence_lengths(ids, self.eos_id)
+        img = np.tile(np.arange(b), q // b)
+        cider = torch.zeros(q)
+        refs = np.tile(cider_refs, q // b)
+        lab = refs >= 0
+        if self.cider is not None and self.cider_weight > 0 and lab.any():
+            arr = ids.cpu().numpy()
+            scores = self.cider.score(arr[lab], refs[lab], lengths.cpu().numpy()[lab])
+            cider[torch.from_numpy(lab)] = torch.from_numpy(scores).float()
+        r_ret = torch.zeros(q)
+        if self.judge is not None and self.alpha > 0:
+            emb = self.judge.embed_ids(ids, lengths)
+            sims = self.judge.similarities(emb, torch.as_tensor(image_rows))
+            r_ret = -retrieval_loss(sims, torch.as_tensor(img), self.loss_kind, margin=self.margin, tau=self.tau)
+        return RewardTerms(self.cider_weight * cider + self.alpha * r_ret, cider, r_ret)
