@@ -134,14 +134,15 @@ def figure(runs: list[Path], smooth: int = 5):
 
 
 def plot_runs(runs: list[Path], out: Path | None = None) -> list[Path]:
-    """Write the curves (all panels) as a PNG: ``curves.png`` in the run's folder for one run; for
-    several (overlaid), ``curves_<run>_vs_<run>….png`` in ``out`` (default: the current folder), so a
-    comparison never lands inside one of the runs it compares."""
+    """Write the curves (all panels) as a PNG, ``curves.png`` in ``out``. Without ``out``: in the run's
+    folder for one run; for several (overlaid), ``curves_<run>_vs_<run>….png`` in the current folder,
+    so a comparison never lands inside one of the runs it compares."""
     from training.fsio import atomic_path
 
-    if out is None:
-        out = runs[0] if len(runs) == 1 else Path(".")
-    name = "curves.png" if len(runs) == 1 else "curves_" + "_vs_".join(r.resolve().name for r in runs)[:150] + ".png"
+    name = "curves.png"
+    if out is None and len(runs) > 1:
+        out, name = Path("."), "curves_" + "_vs_".join(r.resolve().name for r in runs)[:150] + ".png"
+    out = out or runs[0]
     out.mkdir(parents=True, exist_ok=True)
     fig = figure(runs)
     path = out / name
