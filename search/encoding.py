@@ -7,6 +7,7 @@ Everything here is safe to call from many request threads at once.
 from __future__ import annotations
 
 import threading
+import unicodedata
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -20,13 +21,13 @@ from training.models.text_encoder import move_batch
 
 
 def clean_query(text: str, max_chars: int) -> str:
-    """Drop control characters and collapse whitespace; refuse empty or over-long queries and text
+    """Drop control characters (NUL, escape, …) and collapse whitespace; refuse empty or over-long queries and text
     that is not valid Unicode."""
     try:
         str(text).encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate such as "\ud800" (valid JSON, not valid text)
         raise BadRequest("the query contains invalid Unicode (an unpaired surrogate)") from None
-    q = " ".join("".join(ch for ch in str(text) if ch.isprintable() or ch.isspace()).split())
+    q = " ".join("".join(ch for ch in str(text) if ch.isspace() or unicodedata.category(ch) != "Cc").split())
     if not q:
         raise BadRequest("query is empty (after trimming whitespace)")
     if len(q) > max_chars:

@@ -66,29 +66,33 @@ class UploadDecoder:
         # Each decode may hold max_pixels × 4 bytes while it runs.
         self._slots = threading.BoundedSemaphore(max(1, max_concurrent))
 
-    def tensor(self, entry: ModelEntry, data: bytes) -> torch.Tensor:
+    def decode(self, data: bytes, min_side: int):
+        """An RGB PIL image of the upload, decoded within the budget (a JPEG at reduced scale, its
+        short side at least ``min_side``); at most ``max_concurrent`` decodes at a time."""
         if not data:
             raise BadRequest("the uploaded file is empty")
         if sniff_image_type(data) is None:
             raise UnsupportedMediaType(f"the upload is not an image of an accepted type ({ACCEPTED})")
-        backbone = entry.model.image.backbone
-        if backbone is None:
-            raise Unsupported(f"model {entry.name} was trained on precomputed features and has no image backbone; "
-                              "search with a dataset image id instead")
         if not self._slots.acquire(timeout=30):
             raise Busy("too many image uploads are being decoded at once; try again shortly")
         try:
-            img = load_image(data, name="upload", max_pixels=self.max_pixels, min_side=2 * backbone.preprocess.resize)
-            big = img.width * img.height >= _BIG_DECODE
-            x = entry.model.image.prepare([img])
-            del img
+            img = load_image(data, name="upload", max_pixels=self.max_pixels, min_side=min_side)
         except ImageError as err:
             raise BadRequest(str(err)) from None
         finally:
             self._slots.release()
-        if big:
+        if img.width * img.height >= _BIG_DECODE:  # shrink it now and give the decode's memory back
+            img.thumbnail((4 * min_side, 4 * min_side))
             release_free_memory()
-        return x
+        return img
+
+    def tensor(self, entry: ModelEntry, data: bytes) -> torch.Tensor:
+        """The model's input for an upload (views as the feature cache takes them)."""
+        backbone = entry.model.image.backbone
+        if backbone is None:
+            raise Unsupported(f"model {entry.name} was trained on precomputed features and has no image backbone; "
+                              "search with a dataset image id instead")
+        return entry.model.image.prepare([self.decode(data, 2 * backbone.preprocess.resize)])
 
 
 def default_thumb_dir() -> Path:

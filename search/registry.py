@@ -98,12 +98,13 @@ class ModelRegistry:
     """The served models by name; ``on_loaded(entry)`` runs once per model after it loads."""
 
     def __init__(self, models: dict[str, str | Path], *, checkpoints: dict[str, str | Path] | None = None,
-                 device: str = "cpu", verify: str = "hash", on_loaded: Callable[[ModelEntry], None] | None = None):
+                 device: str = "cpu", verify: str = "hash", on_loaded: Callable[[ModelEntry], None] | None = None,
+                 before_load: Callable[[], None] | None = None):
         if not models:
             raise ValueError("no models given: pass at least one NAME=INDEX_DIR")
         self.specs = {n: Path(p) for n, p in models.items()}
         self.checkpoints = {n: Path(p) for n, p in (checkpoints or {}).items()}
-        self.device, self.verify, self.on_loaded = device, verify, on_loaded
+        self.device, self.verify, self.on_loaded, self.before_load = device, verify, on_loaded, before_load
         self.entries: dict[str, ModelEntry] = {}
         self.failed: dict[str, str] = {}  # name → why it could not be loaded
         self.ready = threading.Event()  # set when loading has finished (every model loaded or failed)
@@ -125,6 +126,8 @@ class ModelRegistry:
             raise RuntimeError(self.load_error)
 
     def _load_all(self) -> None:
+        if self.before_load is not None:  # what loads with the models (the captioners), in the same thread
+            self.before_load()
         for name, path in self.specs.items():
             try:
                 entry = load_entry(name, path, checkpoint=self.checkpoints.get(name), device=self.device,

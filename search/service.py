@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from search import analysis
+from search.captioning import CaptionerRegistry, CorpusCider, image_rank
 from search.encoding import QueryEncoder, clean_query
 from search.errors import BadRequest, NotFound
 from search.media import Thumbnails, UploadDecoder
@@ -40,17 +41,20 @@ class SearchConfig:
 
 class SearchService:
     def __init__(self, models: dict[str, str | Path], *, checkpoints: dict[str, str | Path] | None = None,
-                 config: SearchConfig | None = None):
+                 config: SearchConfig | None = None, captioners: dict[str, str | Path] | None = None):
         self.config = config = config or SearchConfig()
         if config.text_quantize and config.device != "cpu":
             raise ValueError("text_quantize (int8 dynamic quantisation) runs on the CPU only")
         self.encoder = QueryEncoder(cache_size=config.text_cache, batching=config.text_batching,
                                     max_batch=config.max_text_batch, quantize=config.text_quantize)
+        self.captioners = CaptionerRegistry(captioners, config.device)
         self.registry = ModelRegistry(models, checkpoints=checkpoints, device=config.device,
-                                      verify=config.verify_index, on_loaded=self.encoder.attach)
+                                      verify=config.verify_index, on_loaded=self.encoder.attach,
+                                      before_load=self.captioners.load)
         self.uploads = UploadDecoder(max_pixels=config.max_upload_pixels, max_concurrent=config.max_concurrent_decodes)
         self.thumbnails = Thumbnails(config.thumb_cache)
         self.explorer_rows = analysis.Explorer()
+        self._ciders: dict[str, CorpusCider] = {}
 
     # ---- state (from the registry) ------------------------------------------------------------
     @property
@@ -219,6 +223,85 @@ class SearchService:
                                               for n in names])
         return compare_results("i2t", k, [self.search_image(n, image_id=image_id, image_bytes=image_bytes, k=k)
                                           for n in names])
+
+    # ---- captions -----------------------------------------------------------------------------
+    def _source_image(self, image_id: int | None, image_bytes: bytes | None, min_side: int):
+        """(PIL image, its dataset id or None) of a caption request."""
+        if (image_id is None) == (image_bytes is None):
+            raise BadRequest("give exactly one of: image_id, image file")
+        if image_bytes is not None:
+            return self.uploads.decode(image_bytes, min_side), None
+        from training.data.images import ImageError, load_image
+
+        try:
+            return load_image(self.image_path(image_id)), int(image_id)
+        except ImageError as e:
+            raise NotFound(f"image {image_id} cannot be read: {e}") from None
+
+    def _ranks(self, caption: str, img, image_id: int | None) -> list[dict]:
+        """The image's rank for ``caption`` under every serving retrieval model."""
+        out = []
+        for e in self.entries.values():
+            vec = self.encoder.encode(e, self.clean_query(caption))
+            row = e.image_pos.get(image_id) if image_id is not None else None
+            image_vec = None
+            if row is None:
+                if e.model.image.backbone is None:
+                    continue  # precomputed features: cannot embed an outside image
+                with torch.inference_mode():
+                    image_vec = e.model.image(e.model.image.prepare([img]).to(e.model.device)).float().cpu()[0].numpy()
+            rank, of, score = image_rank(e, vec, row=row, image_vec=image_vec)
+            out.append({"model": e.name, "rank": rank, "of": of, "score": score, "in_index": row is not None})
+        return out
+
+    def _cider(self, caption: str, image_id: int | None) -> float | None:
+        """CIDEr-D against the dataset image's references (the first ground-truth index that has it)."""
+        e = next((e for e in self.entries.values() if e.has_ground_truth and image_id in e.image_pos), None)
+        if image_id is None or e is None:
+            return None
+        if e.name not in self._ciders:
+            self._ciders[e.name] = CorpusCider(e)
+        return self._ciders[e.name].score(caption, e.image_pos[image_id])
+
+    def caption_image(self, *, image_id: int | None = None, image_bytes: bytes | None = None,
+                      captioners: list[str] | None = None, beam: int = 5) -> dict:
+        """Each captioner's caption of the image, with its CIDEr-D (dataset images) and how well it
+        finds the image again under each retrieval model (rank among the index's images)."""
+        if not 1 <= beam <= 20:
+            raise BadRequest(f"beam must be in [1, 20], got {beam}")
+        names = captioners or [n for n in self.captioners.names if n in self.captioners.entries]
+        if not names:
+            raise NotFound("this server has no captioner: start it with --captioner NAME=CHECKPOINT")
+        entries = [self.captioners.get(n) for n in names]
+        self.get(None)  # retrieval models loaded (503 before)
+        img, iid = self._source_image(image_id, image_bytes, 2 * self.captioners.min_side)
+        out = []
+        for c in entries:
+            t0 = time.perf_counter()
+            text = c.caption(img, beam)
+            ranks = self._ranks(text, img, iid) if text.strip() else []  # an empty caption ranks nothing
+            out.append({"captioner": c.name, "caption": text, "cider": self._cider(text, iid), "retrieval": ranks,
+                        "info": c.info,
+                        "took_ms": (time.perf_counter() - t0) * 1000})
+        refs = self._references(iid)
+        return {"image_id": iid, "references": refs, "captions": out}
+
+    def _references(self, image_id: int | None) -> list[str] | None:
+        e = next((e for e in self.entries.values() if e.has_ground_truth and image_id in e.image_pos), None)
+        if e is None:
+            return None
+        meta = e.index.captions.meta
+        return [meta["texts"][j] for j in e.index.images.meta["captions"][e.image_pos[image_id]]]
+
+    def check_caption(self, caption: str, *, image_id: int | None = None, image_bytes: bytes | None = None) -> dict:
+        """How discriminative a caption is: the image's rank for it under each retrieval model."""
+        self.get(None)
+        caption = self.clean_query(caption)
+        min_side = max((2 * e.model.image.backbone.preprocess.resize for e in self.entries.values()
+                        if e.model.image.backbone is not None), default=448)
+        img, iid = self._source_image(image_id, image_bytes, min_side)
+        return {"caption": caption, "image_id": iid, "cider": self._cider(caption, iid),
+                "retrieval": self._ranks(caption, img, iid)}
 
     # ---- images -------------------------------------------------------------------------------
     def image_path(self, image_id: int, model: str | None = None) -> Path:

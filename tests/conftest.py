@@ -110,3 +110,18 @@ def tiny_index_pair(tmp_path_factory):
         out[name], out["dataset"] = ix.path, ds
         out["runs"][name] = res.run_dir
     return out
+
+
+TINY_CAPTIONER = ["data.synthetic_images=60", "data.image_size=64", "data.min_word_count=2", "model.word_dim=32",
+                  "model.hidden=32", "model.att_dim=32", "xe.epochs=2", "xe.batch_size=8", "train.log_every=1"]
+
+
+@pytest.fixture(scope="session")
+def tiny_captioner(tiny_index_pair, tmp_path_factory) -> Path:
+    """A tiny XE captioner on the same synthetic scenes as ``tiny_index_pair``: its best.pt."""
+    from app.cli import main
+
+    run = tmp_path_factory.mktemp("captioner") / "xe"
+    sets = [a for s in TINY_CAPTIONER for a in ("--set", s)]
+    assert main(["caption", "train", "--config", "caption_synthetic_xe", "--out", str(run), "--no-progress", *sets]) == 0
+    return run / "best.pt"

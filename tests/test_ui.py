@@ -387,7 +387,7 @@ def test_build_ui_has_its_tabs_and_wires_each_event(svc, caption):
     blocks = build_ui(svc, limits=UILimits(max_upload_bytes=1234, max_query_chars=77), thumb_url=THUMBS)
     cfg = blocks.get_config_file()
     tabs = {c["props"].get("elem_id") for c in cfg["components"] if c["type"] == "tabitem"}
-    assert tabs == {"tab-search", "tab-compare", "tab-explorer", "tab-training"}
+    assert tabs == {"tab-search", "tab-compare", "tab-explorer", "tab-caption", "tab-training"}
     box = next(c for c in cfg["components"] if c.get("props", {}).get("elem_id") == "search-text")
     assert box["props"]["max_length"] == 77  # the server's query limit reaches the UI
     dep, ins, outs, fn = _dependency(blocks, "run_text")

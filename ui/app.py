@@ -1,4 +1,4 @@
-"""The Gradio Blocks app: a header and four tabs (ui/tabs/) over one ``SearchService``.
+"""The Gradio Blocks app: a header and five tabs (ui/tabs/) over one ``SearchService``.
 
 The FastAPI app mounts it and hands it everything it needs (it imports neither ``app`` nor
 ``training``)::
@@ -19,7 +19,7 @@ from search import SearchService
 from ui import inputs
 from ui.context import UIContext, UILimits
 from ui.render import header_html, inline_thumbs
-from ui.tabs import compare, explorer, search, training
+from ui.tabs import caption, compare, explorer, search, training
 from ui.theme import CSS
 
 __all__ = ["UILimits", "build_ui"]
@@ -42,6 +42,7 @@ def build_ui(service: SearchService, *, limits: UILimits | None = None,
             s = search.build(ctx)
             c = compare.build(ctx)
             explorer.build(ctx, c, tabs)
+            cap_gallery, cap_ids = caption.build(ctx)
             training.build(ctx)
 
         def on_load(model, cmodel, seed=0):
@@ -49,15 +50,16 @@ def build_ui(service: SearchService, *, limits: UILimits | None = None,
             ready = service.ready.is_set()
             out = [header_html(service), gr.Timer(active=not ready)]
             if not ready:
-                return out + [gr.skip()] * 8
+                return out + [gr.skip()] * 10
             s_ex, c_ex = (inputs.example_captions(service, m, n=12) for m in (model, cmodel))
             return out + [gr.Dataset(samples=[[e["text"]] for e in s_ex]), s_ex,
                           gr.Dataset(samples=[[e["text"]] for e in c_ex]), c_ex,
                           *inputs.image_picker(service, model, seed=seed),
-                          *inputs.image_picker(service, cmodel, n=16, seed=seed + 1)]
+                          *inputs.image_picker(service, cmodel, n=16, seed=seed + 1),
+                          *inputs.image_picker(service, service.default_name_with_ground_truth, n=16, seed=seed + 2)]
 
         outputs = [header, timer, s.examples, s.examples_state, c.examples, c.examples_state, s.gallery,
-                   s.gallery_ids, c.gallery, c.gallery_ids]
+                   s.gallery_ids, c.gallery, c.gallery_ids, cap_gallery, cap_ids]
         demo.load(on_load, [s.model, c.a], outputs)
         timer.tick(on_load, [s.model, c.a], outputs)
     return demo

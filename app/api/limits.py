@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.api.errors import error_body
 from app.api.settings import Settings
 
-UPLOAD_PATHS = ("/api/search/image", "/api/compare", "/ui/gradio_api/upload")
+UPLOAD_PATHS = ("/api/search/image", "/api/compare", "/api/caption", "/ui/gradio_api/upload")
 MULTIPART_OVERHEAD = 64 * 1024  # boundaries, part headers and the small form fields next to the file
 
 

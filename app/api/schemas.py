@@ -249,3 +249,57 @@ class CaptionInfo(BaseModel):
     image_id: int | None = None
     image_url: str | None = None
     thumbnail_url: str | None = None
+
+
+# ---- captions ----------------------------------------------------------------------------------
+CaptionerName = Annotated[str, Field(min_length=1, max_length=100, description="a captioner from GET /api/captioners")]
+Beam = Annotated[int, Field(ge=1, le=20, description="beam width (1 = greedy)")]
+
+
+class CaptionRequest(BaseModel):
+    """Captions for a dataset image (JSON); uploads use multipart/form-data on the same path."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_request_schema())
+
+    image_id: ItemId
+    captioners: Annotated[list[CaptionerName], Field(min_length=1, max_length=8)] = None  # type: ignore[assignment]
+    beam: Beam = 5
+
+
+class CaptionCheckRequest(BaseModel):
+    """How well a caption (written by a person) finds a dataset image; uploads use multipart/form-data."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_request_schema())
+
+    image_id: ItemId
+    caption: QueryText
+
+
+class ImageRank(BaseModel):
+    model: str = Field(description="a retrieval model")
+    rank: int = Field(description="the image's rank for the caption among the model's index images (1 = best)")
+    of: int = Field(description="how many images it was ranked among (an upload counts as one more)")
+    score: float
+    in_index: bool = Field(description="the image is one of the index's images (else it was embedded from the upload)")
+
+
+class GeneratedCaption(BaseModel):
+    captioner: str
+    caption: str
+    cider: float | None = Field(description="CIDEr-D against the image's reference captions (dataset images only)")
+    retrieval: list[ImageRank] = Field(description="self-retrieval: the image's rank for this caption, per model")
+    info: dict[str, Any]
+    took_ms: float
+
+
+class CaptionResponse(BaseModel):
+    image_id: int | None
+    references: list[str] | None = Field(description="the dataset image's own captions, when it has them")
+    captions: list[GeneratedCaption]
+
+
+class CaptionCheckResponse(BaseModel):
+    caption: str
+    image_id: int | None
+    cider: float | None
+    retrieval: list[ImageRank]

@@ -18,6 +18,8 @@ class Settings(BaseSettings):
 
     # NAME → index directory; from `ltd serve --model NAME=DIR` or LTD_MODELS='{"bl": "indexes/bl"}'.
     models: dict[str, str] = Field(default_factory=dict)
+    # NAME → captioner checkpoint (`ltd serve --captioner NAME=CKPT`): /api/caption and the Caption tab.
+    captioners: dict[str, str] = Field(default_factory=dict)
     # NAME → checkpoint, for an index whose checkpoint moved (`--model NAME=INDEX_DIR@CHECKPOINT`).
     checkpoints: dict[str, str] = Field(default_factory=dict)
     # Index check at load: "hash" (sha256 of every data file, default) or "counts" (sizes and counts only,
@@ -73,4 +75,5 @@ class Settings(BaseSettings):
 
     def search_service(self) -> SearchService:
         """A (not yet loaded) search service for these settings' models."""
-        return SearchService(self.models, checkpoints=self.checkpoints, config=self.search_config())
+        return SearchService(self.models, checkpoints=self.checkpoints, config=self.search_config(),
+                             captioners=self.captioners)

@@ -48,6 +48,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--model", action="append", default=[], metavar="NAME=INDEX_DIR[@CHECKPOINT]",
                    help="a model to serve (repeatable), e.g. --model bl=indexes/bl --model ltd=indexes/ltd; "
                         "@CHECKPOINT names the checkpoint when it is no longer where the index was built")
+    p.add_argument("--captioner", action="append", default=[], metavar="NAME=CHECKPOINT",
+                   help="a captioner to serve (repeatable; from `ltd caption train`): POST /api/caption and the "
+                        "UI's Caption tab, its captions scored by the retrieval models")
     add_bind_args(p)
     p.add_argument("--no-ui", action="store_true", help="do not mount the Gradio UI at /ui")
     p.add_argument("--workers", type=int, default=1,
@@ -132,6 +135,21 @@ def parse_models(specs: list[str]) -> tuple[dict[str, str], dict[str, str]]:
             checkpoints[name] = str(c.resolve())
         models[name] = str(d.resolve())
     return models, checkpoints
+
+
+def parse_captioners(specs: list[str]) -> dict[str, str]:
+    """``["xe=runs/cap_xe/best.pt"]`` → {name: absolute checkpoint path}."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        name, sep, path = (x.strip() for x in spec.partition("="))
+        if not sep or not NAME_RE.match(name) or not path:
+            raise ValueError(f"--captioner {spec!r}: expected NAME=CHECKPOINT (a name of letters, digits, '_', '.', '-')")
+        if name in out:
+            raise ValueError(f"--captioner {spec!r}: the name {name!r} is given twice")
+        if not Path(path).expanduser().is_file():
+            raise FileNotFoundError(f"--captioner {spec!r}: checkpoint {path} does not exist")
+        out[name] = str(Path(path).expanduser().resolve())
+    return out
 
 
 def preflight(settings) -> dict[str, str]:
@@ -242,6 +260,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     overrides: dict = {"ui": not args.no_ui, "verify_index": args.verify_index}
     if args.model:  # checked before the server's modules (torch, gradio) are imported
         overrides["models"], overrides["checkpoints"] = parse_models(args.model)
+    if args.captioner:
+        overrides["captioners"] = parse_captioners(args.captioner)
     from app.api.settings import Settings
 
     if args.device:

@@ -6,15 +6,14 @@ an ``async`` dependency reads and checks the body, so the handler only sees a pa
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.datastructures import UploadFile
+from pydantic import BaseModel, ConfigDict, Field
 
+from app.api.routers.bodies import body_doc, json_body, media_type, unsupported, upload_form, validate
 from app.api.routers.deps import (
     COMMON_ERRORS,
     errors,
@@ -108,87 +107,33 @@ class _CompareForm(BaseModel):
     k: K = 10
 
 
-def _validate(model: type[BaseModel], data: object) -> BaseModel:
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)],
-                                     body=None) from None
-
-
-def _media_type(request: Request) -> str:
-    return request.headers.get("content-type", "").split(";")[0].strip().lower()
-
-
-async def _json_body(request: Request) -> object:
-    """The parsed JSON body; undecodable, too deeply nested or out-of-range JSON is a 422, not a 500."""
-    try:
-        return json.loads(await request.body())
-    except RecursionError:
-        msg = "JSON decode error: nested too deeply"
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer over Python's digit limit
-        msg = f"JSON decode error: {str(e)[:200]}"
-    raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": msg}], body=None)
-
-
-async def _upload_form(request: Request, settings: Settings, fields: set[str]) -> tuple[bytes, dict]:
-    """(file bytes, other fields) of a multipart body with exactly one file part named ``file``."""
-    async with request.form(max_files=1, max_fields=8, max_part_size=4096) as form:
-        unknown = set(form.keys()) - fields - {"file"}
-        if unknown:
-            raise RequestValidationError([{"type": "extra_forbidden", "loc": ("body", sorted(unknown)[0]),
-                                           "msg": "Extra inputs are not permitted"}], body=None)
-        upload = form.get("file")
-        if not isinstance(upload, UploadFile):
-            raise RequestValidationError([{"type": "missing", "loc": ("body", "file"),
-                                           "msg": "a file part named 'file' is required"}], body=None)
-        if upload.size is not None and upload.size > settings.max_upload_bytes:
-            raise HTTPException(413, f"the file is {upload.size:,} bytes; the limit is {settings.max_upload_bytes:,}")
-        data = await upload.read(settings.max_upload_bytes + 1)
-        if len(data) > settings.max_upload_bytes:
-            raise HTTPException(413, f"the file exceeds the limit of {settings.max_upload_bytes:,} bytes")
-        values = {k: form.getlist(k) for k in fields if k in form}
-    return data, values
-
-
-def _unsupported(request: Request) -> HTTPException:
-    return HTTPException(415, f"Content-Type {_media_type(request) or '(none)'} is not accepted here: send "
-                              "application/json, or multipart/form-data with a file")
-
-
 async def image_query(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> ImageQuery:
-    mt = _media_type(request)
+    mt = media_type(request)
     if mt == "application/json":
-        req = _validate(ImageSearchRequest, await _json_body(request))
+        req = validate(ImageSearchRequest, await json_body(request))
         return ImageQuery(model=req.model, k=req.k, image_id=req.image_id)
     if mt == "multipart/form-data":
-        data, values = await _upload_form(request, settings, {"model", "k"})
-        f = _validate(_ImageForm, {k: v[-1] for k, v in values.items()})
+        data, values = await upload_form(request, settings, {"model", "k"})
+        f = validate(_ImageForm, {k: v[-1] for k, v in values.items()})
         return ImageQuery(model=f.model, k=f.k, data=data)
-    raise _unsupported(request)
+    raise unsupported(request)
 
 
 async def compare_query(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> CompareQuery:
-    mt = _media_type(request)
+    mt = media_type(request)
     if mt == "application/json":
-        req = _validate(CompareRequest, await _json_body(request))
+        req = validate(CompareRequest, await json_body(request))
         return CompareQuery(models=req.models, k=req.k, **{f: getattr(req, f) for f in req.model_fields_set
                                                           if f in ("query", "caption_id", "image_id")})
     if mt == "multipart/form-data":
-        data, values = await _upload_form(request, settings, {"models", "k"})
+        data, values = await upload_form(request, settings, {"models", "k"})
         raw = {"models": values.get("models", [])} | ({"k": values["k"][-1]} if "k" in values else {})
-        f = _validate(_CompareForm, raw)
+        f = validate(_CompareForm, raw)
         if f.models[0] == f.models[1]:
             raise RequestValidationError([{"type": "value_error", "loc": ("body", "models"),
                                            "msg": "models must name two different models"}], body=None)
         return CompareQuery(models=f.models, k=f.k, data=data)
-    raise _unsupported(request)
-
-
-def _body_doc(json_model_cls: type[BaseModel], form_schema: dict) -> dict:
-    return {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": json_model_cls.model_json_schema()},
-        "multipart/form-data": {"schema": form_schema, "encoding": {"file": {"contentType": "image/*"}}}}}}
+    raise unsupported(request)
 
 
 # ---- endpoints -------------------------------------------------------------------------------------
@@ -203,7 +148,7 @@ def search_text(req: TextSearchRequest, svc: Service) -> Response:
 
 
 @router.post("/search/image", response_model=ImageSearchResponse, responses=UPLOAD_ERRORS,
-             openapi_extra=_body_doc(ImageSearchRequest, IMAGE_UPLOAD_FORM))
+             openapi_extra=body_doc(ImageSearchRequest, IMAGE_UPLOAD_FORM))
 def search_image(q: Annotated[ImageQuery, Depends(image_query)], svc: Service) -> Response:
     """Image → captions. JSON ``{"image_id": 42, "model": "bl", "k": 10}`` for a dataset image (ground
     truth and metrics attached), or multipart/form-data with ``file`` (≤ 10 MB; JPEG, PNG, WebP, BMP,
@@ -214,7 +159,7 @@ def search_image(q: Annotated[ImageQuery, Depends(image_query)], svc: Service) -
 
 
 @router.post("/compare", response_model=CompareResponse, responses=UPLOAD_ERRORS,
-             openapi_extra=_body_doc(CompareRequest, COMPARE_UPLOAD_FORM))
+             openapi_extra=body_doc(CompareRequest, COMPARE_UPLOAD_FORM))
 def compare(q: Annotated[CompareQuery, Depends(compare_query)], svc: Service) -> Response:
     """One query, two models: both rankings, their overlap, and per-model metrics when the query is a
     dataset item. JSON with exactly one of ``query``/``caption_id`` (text → images) or ``image_id``

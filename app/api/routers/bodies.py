@@ -1,0 +1,67 @@
+"""Request bodies that are JSON or an upload on the same path: parsing and validation shared by the
+routers (image search, compare, captions). Every failure is a 4xx (422 for bad JSON or fields, 413 for
+a file over the limit, 415 for another content type), never a 500."""
+from __future__ import annotations
+
+import json
+
+from fastapi import HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.datastructures import UploadFile
+
+from app.api.settings import Settings
+
+
+def validate(model: type[BaseModel], data: object) -> BaseModel:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)],
+                                     body=None) from None
+
+
+def media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+async def json_body(request: Request) -> object:
+    """The parsed JSON body; undecodable, too deeply nested or out-of-range JSON is a 422, not a 500."""
+    try:
+        return json.loads(await request.body())
+    except RecursionError:
+        msg = "JSON decode error: nested too deeply"
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer over Python's digit limit
+        msg = f"JSON decode error: {str(e)[:200]}"
+    raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": msg}], body=None)
+
+
+async def upload_form(request: Request, settings: Settings, fields: set[str]) -> tuple[bytes, dict]:
+    """(file bytes, other fields) of a multipart body with exactly one file part named ``file``."""
+    async with request.form(max_files=1, max_fields=8, max_part_size=4096) as form:
+        unknown = set(form.keys()) - fields - {"file"}
+        if unknown:
+            raise RequestValidationError([{"type": "extra_forbidden", "loc": ("body", sorted(unknown)[0]),
+                                           "msg": "Extra inputs are not permitted"}], body=None)
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise RequestValidationError([{"type": "missing", "loc": ("body", "file"),
+                                           "msg": "a file part named 'file' is required"}], body=None)
+        if upload.size is not None and upload.size > settings.max_upload_bytes:
+            raise HTTPException(413, f"the file is {upload.size:,} bytes; the limit is {settings.max_upload_bytes:,}")
+        data = await upload.read(settings.max_upload_bytes + 1)
+        if len(data) > settings.max_upload_bytes:
+            raise HTTPException(413, f"the file exceeds the limit of {settings.max_upload_bytes:,} bytes")
+        values = {k: form.getlist(k) for k in fields if k in form}
+    return data, values
+
+
+def unsupported(request: Request) -> HTTPException:
+    return HTTPException(415, f"Content-Type {media_type(request) or '(none)'} is not accepted here: send "
+                              "application/json, or multipart/form-data with a file")
+
+
+def body_doc(json_model_cls: type[BaseModel], form_schema: dict) -> dict:
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": json_model_cls.model_json_schema()},
+        "multipart/form-data": {"schema": form_schema, "encoding": {"file": {"contentType": "image/*"}}}}}}

@@ -1,0 +1,142 @@
+"""Captions served: POST /api/caption, POST /api/caption/check and the UI's Caption tab, on the tiny
+synthetic retrieval pair and a tiny captioner; ranks and CIDEr-D checked against direct computations."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from app.api.main import create_app
+from app.api.settings import Settings
+from search import SearchService
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def settings(tiny_index_pair, tiny_captioner) -> Settings:
+    return Settings(models={"bl": str(tiny_index_pair["bl"]), "ltd": str(tiny_index_pair["ltd"])},
+                    captioners={"xe": str(tiny_captioner)}, ui=False, load_in_background=False)
+
+
+@pytest.fixture(scope="module")
+def svc(settings) -> SearchService:
+    s = settings.search_service()
+    s.load()
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def client(settings, svc):
+    with TestClient(create_app(settings, service=svc)) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def image_id(svc) -> int:
+    return int(svc.entries["bl"].index.images.ids[3])
+
+
+def test_caption_of_a_dataset_image_has_cider_and_a_rank_per_model(svc, image_id):
+    out = svc.caption_image(image_id=image_id, beam=1)
+    assert out["image_id"] == image_id and len(out["references"]) == 5
+    (c,) = out["captions"]
+    assert c["captioner"] == "xe" and isinstance(c["caption"], str) and isinstance(c["cider"], float)
+    # (a 60-image captioner may say nothing: an empty caption ranks nothing rather than failing)
+    assert [r["model"] for r in c["retrieval"]] == (["bl", "ltd"] if c["caption"].strip() else [])
+
+
+def test_self_retrieval_rank_is_what_it_says(svc, image_id):
+    caption = "a small red circle on a striped background"
+    out = svc.check_caption(caption, image_id=image_id)
+    assert [r["model"] for r in out["retrieval"]] == ["bl", "ltd"]
+    for r in out["retrieval"]:  # recomputed by hand: the other images scoring at least as high, plus one
+        e = svc.entries[r["model"]]
+        scores = np.asarray(e.index.images.vectors) @ svc.encode_text(r["model"], caption)
+        row = e.image_pos[image_id]
+        assert r["rank"] == 1 + int((np.delete(scores, row) >= scores[row]).sum())
+        assert r["of"] == len(scores) and r["in_index"] and r["score"] == pytest.approx(float(scores[row]), abs=1e-6)
+
+
+def test_cider_uses_the_index_corpus_as_the_toolkit_does(svc, image_id):
+    """CIDEr-D against the image's references, document frequencies from every image of the index:
+    the same as pycocoevalcap's CiderD given every image's references and the caption for each."""
+    from pycocoevalcap.cider.cider import Cider
+
+    from indexer.ptb_tokenize import coco_tokenize
+
+    e = svc.entries["bl"]
+    texts = e.index.captions.meta["texts"]
+    gts = {i: [coco_tokenize(texts[j]) for j in caps] for i, caps in enumerate(e.index.images.meta["captions"])}
+    caption = "a small red circle on a striped background"
+    _, per_image = Cider().compute_score(gts, {i: [coco_tokenize(caption)] for i in gts})
+    row = e.image_pos[image_id]
+    assert svc.check_caption(caption, image_id=image_id)["cider"] == pytest.approx(per_image[row], abs=1e-9)
+
+
+def test_check_ranks_an_upload_as_one_more_candidate(svc, image_id):
+    data = svc.image_path(image_id).read_bytes()
+    out = svc.check_caption("a shape on a background", image_bytes=data)
+    assert out["image_id"] is None and out["cider"] is None
+    for r in out["retrieval"]:
+        n = len(svc.entries[r["model"]].index.images.ids)
+        assert r["of"] == n + 1 and not r["in_index"] and 1 <= r["rank"] <= n + 1
+
+
+def test_rest_caption_and_check(client, image_id, svc):
+    r = client.post("/api/caption", json={"image_id": image_id, "beam": 2})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    first = body["captions"][0]
+    assert first["captioner"] == "xe" and len(first["retrieval"]) == (2 if first["caption"].strip() else 0)
+    buf = io.BytesIO()
+    Image.open(svc.image_path(image_id)).save(buf, "PNG")
+    r = client.post("/api/caption", files={"file": ("x.png", buf.getvalue(), "image/png")}, data={"beam": "1"})
+    assert r.status_code == 200 and r.json()["image_id"] is None and r.json()["captions"][0]["cider"] is None
+    r = client.post("/api/caption/check", json={"image_id": image_id, "caption": "a big blue square"})
+    assert r.status_code == 200 and {x["model"] for x in r.json()["retrieval"]} == {"bl", "ltd"}
+    r = client.post("/api/caption/check", files={"file": ("x.png", buf.getvalue(), "image/png")},
+                    data={"caption": "a big blue square"})
+    assert r.status_code == 200 and r.json()["retrieval"][0]["of"] == len(svc.entries["bl"].index.images.ids) + 1
+    assert client.get("/api/captioners").json()["ready"]["xe"]["stage"] == "xe"
+
+
+@pytest.mark.parametrize("kwargs, status", [
+    ({"json": {"image_id": 0, "captioners": ["nope"]}}, 404),
+    ({"json": {"image_id": 0, "beam": 99}}, 422),
+    ({"json": {"image_id": 987654321}}, 404),
+    ({"json": {"caption": "x"}}, 422),
+    ({"files": {"file": ("a.png", b"not an image", "image/png")}}, 415),
+    ({"content": '{"image_id": 0, "caption": "\\ud800"}', "headers": {"content-type": "application/json"},
+      "path": "/api/caption/check"}, 400),
+    ({"content": "[" * 5000, "headers": {"content-type": "application/json"}}, 422),
+])
+def test_bad_caption_requests_are_4xx(client, kwargs, status):
+    kwargs = dict(kwargs)
+    path = kwargs.pop("path", "/api/caption")
+    r = client.post(path, **kwargs)
+    assert r.status_code == status, r.text
+    assert r.json()["error"]
+
+
+def test_server_without_captioners_says_how_to_add_one(tiny_index_pair, image_id):
+    settings = Settings(models={"bl": str(tiny_index_pair["bl"])}, ui=False, load_in_background=False)
+    with TestClient(create_app(settings)) as c:
+        r = c.post("/api/caption", json={"image_id": image_id})
+        assert r.status_code == 404 and "--captioner" in r.json()["detail"]
+
+
+def test_caption_tab_renders_cards_and_the_checker(svc, image_id):
+    from app.api.routers.deps import thumbnail_url
+    from ui.tabs import caption as tab
+
+    html = tab.caption_image(svc, str(image_id), None, 1, lambda i, m, s: thumbnail_url(i, m or "", s))
+    assert html.count('<section class="ltd-col">') == 1 and html.count('class="ltd-rankbadge') in (0, 2)
+    assert "reference captions" in html and "CIDEr-D" in html
+    check = tab.check_caption(svc, "a red circle", str(image_id), None)
+    assert check.count('class="ltd-rankbadge') == 2
+    assert "ltd-error" in tab.check_caption(svc, "   ", str(image_id), None)  # an empty caption is a message
