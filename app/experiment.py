@@ -17,11 +17,13 @@ Grid file (YAML)::
         sweep: {loss.eta: [0.1, 0.15, 0.2]}   # chosen on val rsum (mean over the sweep seeds)
         sweep_seeds: [0]                        # seeds used for the sweep (default: the first seed)
       - name: replayed
-        set: [loss.mode=replay, "loss.lambda_schedule={out}/runs/ltd_constraint@eta=0.15/seed{seed}"]
+        set: [loss.mode=replay, "loss.lambda_schedule={out}/runs/ltd_constraint@eta=0.15/seed{next_seed}"]
     compare: [[ltd_constraint, replayed]]   # extra pairs (every cell is compared with the first)
 
-``{seed}`` and ``{out}`` in a cell's overrides become the run's seed and the grid's output folder
-(a replay cell reads the λ schedule of the same seed's constraint run, which an earlier cell trains).
+``{seed}``, ``{next_seed}`` and ``{out}`` in a cell's overrides become the run's seed, the grid's next
+seed (cyclic) and the grid's output folder: a replay cell reads the λ schedule of a constraint run that
+an earlier cell trains (with ``{seed}`` the replay is bit-identical to that run, a determinism check;
+with ``{next_seed}`` it applies another run's λ(t), not adapted to its own L_rec).
 
 A sweep first trains every value with ``sweep_seeds`` and evaluates on val; the best value is then
 trained with all ``seeds`` and reported on ``eval_split``. The test split is never used to choose.
@@ -118,6 +120,12 @@ def load_grid(path: str | Path, extra_set: list[str] | None = None) -> Grid:
     return grid
 
 
+def substitute(sets: list[str], seed: int, seeds: list[int], out: Path) -> list[str]:
+    """``{seed}``, ``{next_seed}`` (the grid's next seed, cyclic) and ``{out}`` in a cell's overrides."""
+    nxt = seeds[(seeds.index(seed) + 1) % len(seeds)] if seed in seeds else seed
+    return [x.replace("{seed}", str(seed)).replace("{next_seed}", str(nxt)).replace("{out}", str(out)) for x in sets]
+
+
 def _value_tag(v: object) -> str:
     return str(v).replace("/", "_").replace(" ", "")
 
@@ -197,7 +205,7 @@ def run_grid(grid: Grid, out: Path, n_jobs: int = 1) -> dict:
     val_split = base_cfg.data.val_split
 
     def job(cell: str, seed: int, sets: list[str], label: str, value=None) -> Job:
-        sets = [x.replace("{seed}", str(seed)).replace("{out}", str(out)) for x in sets]
+        sets = substitute(sets, seed, grid.seeds, out)
         return Job(cell=cell, seed=seed, overrides=grid.common + sets + [f"train.seed={seed}", f"train.name={label}"],
                    run_dir=str(out / "runs" / label / f"seed{seed}"), index_root=str(out / "indexes" / label / f"seed{seed}"),
                    eval_splits=[val_split, grid.eval_split], eval_shortcuts=grid.eval_shortcuts,

@@ -123,3 +123,11 @@ def test_paired_differences_match_by_seed():
     md = render_results(results)
     assert "## Paired comparisons" in md
     assert "| test | baseline | ltd | +2.0 ± 2.6 | 2/3 | – | +0.0133 ± 0.0153 | 2/3 | – |" in md
+
+
+def test_grid_overrides_substitute_seed_next_seed_and_out(tmp_path):
+    from app.experiment import substitute
+
+    sets = ["loss.lambda_schedule={out}/runs/c/seed{next_seed}", "x.y={seed}"]
+    assert substitute(sets, 2, [0, 1, 2], tmp_path) == [f"loss.lambda_schedule={tmp_path}/runs/c/seed0", "x.y=2"]
+    assert substitute(sets, 0, [0, 1, 2], tmp_path)[0].endswith("seed1")
