@@ -57,8 +57,11 @@ def caption_image(service: SearchService, image_id: Any, upload_path: str | None
         cider = f'<span class="ltd-metric"><span>CIDEr-D</span><b>{c["cider"]:.3f}</b></span>' if c["cider"] is not None else ""
         cards.append(f'<section class="ltd-col"><div class="ltd-col-head"><h3>{esc(c["captioner"])}</h3>'
                      f'<span class="ltd-muted">{esc(how)}</span></div>'
-                     f'<p class="ltd-gen">“{esc(c["caption"])}”</p><div class="ltd-metrics">{cider}</div>'
-                     f'<div class="ltd-ranks">{_rank_badges(c["retrieval"])}</div></section>')
+                     + (f'<p class="ltd-gen">“{esc(c["caption"])}”</p>' if c["caption"].strip() else
+                        '<p class="ltd-gen ltd-muted">(the captioner produced no words for this image)</p>')
+                     + f'<div class="ltd-metrics">{cider}</div>'
+                     + (f'<div class="ltd-ranks">{_rank_badges(c["retrieval"])}</div>' if c["caption"].strip() else "")
+                     + "</section>")
     return (f'<div class="ltd-result">{_image_html(service, out["image_id"], thumbs, out["references"])}'
             f'<div class="ltd-cols">{"".join(cards)}</div></div>')
 
