@@ -213,7 +213,7 @@ def bench_faiss(n: int, n_queries: int, d: int = 256, k: int = 10) -> list[str]:
                 index.hnsw.efSearch = v
             elif name == "nprobe":
                 index.nprobe = v
-            t_search, (dist, ids) = _timed(lambda: index.search(xq, k), repeat=1 if truth is None else 2)
+            t_search, (dist, ids) = _timed(lambda idx=index: idx.search(xq, k), repeat=1 if truth is None else 2)
             if truth is None:
                 truth, gap = ids, (float(dist[:, 0].mean()), float(dist[:, -1].mean()))
             recall = np.mean([len(set(a) & set(b)) / k for a, b in zip(ids, truth)])

@@ -19,7 +19,8 @@ from training.fsio import sha256_file
 from training.losses.objective import describe_loss
 from training.data.karpathy import load_karpathy
 from training.data.shortcuts import apply_shortcuts
-from training.features import extract_features, load_precomputed, lookup_features
+from training.features import extract_features, lookup_features
+from training.regions import read_precomputed
 from training.models.dual_encoder import DualEncoder
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ def load_model(checkpoint: str | Path, device: str = "cpu") -> LoadedModel:
                             "index; evaluate them with training validation instead")
     meta = {"train_name": cfg.train.name, "similarity": model.similarity, "embed_dim": cfg.model.embed_dim,
             "loss": describe_loss(cfg.loss),
-            "backbone": cfg.model.backbone, "image_features": cfg.model.image_features, "epoch": ckpt.get("epoch"),
+            "backbone": cfg.model.backbone, "image_features": cfg.model.image_features,
+            "image_encoder": cfg.model.image_encoder, "text_encoder": cfg.model.text_encoder, "epoch": ckpt.get("epoch"),
             "best_val_rsum": (ckpt.get("best") or {}).get("rsum")}
     return LoadedModel(model, cfg, checkpoint, sha256_file(checkpoint), meta)
 
@@ -60,8 +62,8 @@ def _dataset_image_features(lm: LoadedModel, ds, idx: list[int], transform, tran
     """Backbone features (views averaged) of dataset images ``idx``; reuses the training cache over the
     whole dataset when it is complete, otherwise extracts only these images."""
     m = lm.cfg.model
-    if m.backbone == "precomputed":
-        store = load_precomputed(m.precomputed_path, [im.id for im in ds.images], [im.filename for im in ds.images])
+    if m.backbone == "precomputed":  # the file's features, or its regions for a region encoder
+        store, _ = read_precomputed(m, ds, cache_dir=lm.cfg.data.cache_dir, show_progress=show_progress)
         return store.mean_view(idx), {}
     bb = lm.model.image.backbone
     all_paths = [im.path for im in ds.images]

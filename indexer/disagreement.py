@@ -20,6 +20,10 @@ FIELDS = ["direction", "query_index", "query_id", "query", "a_rank", "b_rank", "
           "rank_log2_ratio", "winner", "disagreement"]
 
 
+def _fmt3(v: float | None) -> str:
+    return "" if v is None else f"{v:.3f}"
+
+
 def check_comparable(a: IndexDir, b: IndexDir) -> None:
     if not (a.has_ground_truth and b.has_ground_truth):
         raise IndexDirError("compare needs two dataset indexes with ground truth (corpus indexes have none)")
@@ -91,7 +95,6 @@ def to_markdown(rows: list[dict], a_name: str, b_name: str, top: int = 20, p_at:
     for r in rows[:top]:
         q = str(r["query"]).replace("|", "/")
         q = q if len(q) <= 70 else q[:67] + "..."
-        fmt = (lambda v: "" if v is None else f"{v:.3f}")
         lines.append(f"| {r['direction']} | {q} | {r['a_rank']} | {r['b_rank']} | {r['a_p@k']:.2f} | {r['b_p@k']:.2f} | "
-                     f"{fmt(r['a_ndcg'])} | {fmt(r['b_ndcg'])} | {dict(a='A', b='B', tie='=')[r['winner']]} |")
+                     f"{_fmt3(r['a_ndcg'])} | {_fmt3(r['b_ndcg'])} | {dict(a='A', b='B', tie='=')[r['winner']]} |")
     return "\n".join(lines)

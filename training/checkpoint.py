@@ -1,7 +1,7 @@
 """Checkpoints: one ``torch.save`` dict of plain types, written to a temp file then renamed.
 
 Keys: ``model optimizer scheduler constraint epoch step config vocab versions rng`` plus what a
-model needs to rebuild itself (``target_dim``, ``feat_dim``, ``excluded_prefixes``) and what a
+model needs to rebuild itself (``target_dim``, ``feat_dim``, ``region_dim``, ``excluded_prefixes``) and what a
 resumed run continues from (:func:`training_checkpoint` writes them all, :func:`restore_training`
 reads them back). ``epoch``/``step_in_epoch`` name the *next* step to run, ``step`` the optimizer
 steps taken. Frozen
@@ -111,7 +111,7 @@ def training_checkpoint(cfg: Config, data: TrainingData, weights: DualEncoder, a
             "rng": rng_state(), "best": at.best, "stale_epochs": objective_state["stale_epochs"],
             "contrastive": objective_state["contrastive"],
             "target_dim": int(data.targets.shape[1]) if data.targets is not None else 0,
-            "feat_dim": data.feat_dim, "word_dim": int(embed.weight.shape[1]) if embed is not None else m.word_dim,
+            "feat_dim": data.feat_dim, "region_dim": data.region_dim, "word_dim": int(embed.weight.shape[1]) if embed is not None else m.word_dim,
             "backbone_in_state": trained, "backbone_trained": trained, "feature_key": data.feature_key,
             "dataset": {"name": data.dataset.name, "json": str(data.dataset.json_path)}}
 
@@ -167,7 +167,8 @@ def model_from_checkpoint(ckpt: dict | str | Path, device: str | torch.device = 
     vocab = Vocab.from_dict(ckpt["vocab"])
     # Word vectors come from the saved state; no GloVe file is read.
     cfg.model.word_dim = int(ckpt.get("word_dim", cfg.model.word_dim))
-    model = build_model(cfg, vocab, feat_dim=ckpt.get("feat_dim"), target_dim=int(ckpt.get("target_dim", 0)))
+    model = build_model(cfg, vocab, feat_dim=ckpt.get("feat_dim"), region_dim=int(ckpt.get("region_dim", 0)),
+                        target_dim=int(ckpt.get("target_dim", 0)))
     missing, unexpected = model.load_state_dict(ckpt["model"], strict=False)
     excluded = ckpt.get("excluded_prefixes", [] if ckpt.get("backbone_in_state") else [BACKBONE_PREFIX])
     bad = [k for k in missing if not any(k.startswith(p) for p in excluded)] + list(unexpected)

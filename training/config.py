@@ -49,15 +49,27 @@ class ModelConfig:
     unfreeze_after_epoch: int = -1  # -1 never; the paper's recipe unfreezes at epoch 30
     backbone_lr_scale: float = 0.1
     image_head: str = "mlp"  # mlp (2 layers) | linear (bias-free, as the FNE paper)
+    # Image encoders that reason over regions (issue 21; training/models/reasoning.py). The regions are
+    # the packaged CNN's grid cells (image_features=grid) or precomputed region features (backbone=precomputed).
+    image_encoder: str = "head"  # head (features → projection head) | vsrn (graph reasoning + GRU) | tern (transformer)
+    region_dim: int = 0  # channels per region; 0 = from the features (1280 for grid cells, the file's for precomputed)
+    region_boxes: bool = True  # precomputed regions: append [x1, y1, x2, y2, area] when the source has boxes
+    region_positions: bool = False  # tern: a learned embedding per region slot (grid cells have a fixed layout)
+    reasoning_dim: int = 512  # width of the region projection, the GCN / transformer layers (and TERN's shared ones)
+    reasoning_layers: int = 4  # vsrn: graph-convolution layers (VSRN: 4); tern: image-only transformer layers (TERN: 4)
+    shared_layers: int = 2  # tern: transformer layers shared by both modalities, applied to each separately (TERN: 2)
+    attention_heads: int = 4  # tern: heads per transformer layer (TERN: 4)
+    reasoning_ff: int = 1024  # tern: feed-forward width of the transformer layers (TERN: 2048)
+    reasoning_dropout: float = 0.1  # tern: dropout inside the transformer layers (TERN: 0.1)
     # Caption side.
-    text_encoder: str = "gru"  # gru (word embeddings → bi-GRU) | sbert (fine-tuned sentence-transformer)
+    text_encoder: str = "gru"  # gru (word embeddings → bi-GRU) | sbert (fine-tuned sentence-transformer) | tern (its tokens → shared layers)
     word_embeddings: str = "glove"  # glove (packaged 6B-50d) | random | path to a GloVe .txt file
     word_dim: int = 50  # only used with word_embeddings=random
     text_hidden: int = 512  # GRU hidden size per direction
     text_layers: int = 1
     token_dropout: float = 0.0  # probability of replacing a caption token with <unk> while training
     sbert_path: str = ""  # text_encoder=sbert: local sentence-transformers folder ("" = packaged MiniLM)
-    sbert_train_layers: int = -1  # sbert: -1 fine-tune all layers, 0 frozen (embeddings cached), k top k layers
+    sbert_train_layers: int = -1  # sbert/tern: -1 fine-tune all layers, 0 frozen (sbert: embeddings cached), k top k layers
     text_head: str = "mlp"  # projection head of the caption encoder: mlp (2 layers) | linear
     # Joint space.
     embed_dim: int = 1024
@@ -130,10 +142,11 @@ class Config:
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.backbone": ("efficientnet_lite0", "resnet50", "resnet152", "precomputed"),
-    "model.image_features": ("pooled", "fne"),
+    "model.image_features": ("pooled", "fne", "grid"),
+    "model.image_encoder": ("head", "vsrn", "tern"),
     "model.image_head": ("mlp", "linear"),
     "model.text_head": ("mlp", "linear"),
-    "model.text_encoder": ("gru", "sbert"),
+    "model.text_encoder": ("gru", "sbert", "tern"),
     "model.crops": ("1", "2", "10"),
     "loss.contrastive": ("infonce", "triplet", "ifm", "sh", "mh", "order", "sh_mh"),
     "loss.mode": ("none", "dual", "constraint", "replay"),
@@ -339,11 +352,49 @@ def validate(cfg: Config) -> None:
         raise ConfigError("model.backbone=precomputed cannot be fine-tuned: set model.freeze_backbone=true")
     if cfg.model.image_features == "fne" and not cfg.model.freeze_backbone:
         raise ConfigError("model.image_features=fne needs a frozen backbone (model.freeze_backbone=true)")
+    validate_regions(cfg.model)
     sc = cfg.data.shortcuts
     if not (sc in ("none", "unique", "image_only", "caption_only") or
             (sc.startswith("bits:") and sc[5:].isdigit() and 1 <= int(sc[5:]) <= 19)):
         raise ConfigError(f"data.shortcuts={sc!r} is not valid; choose none, unique, image_only, "
                           "caption_only or bits:N (1 <= N <= 19)")
+
+
+def validate_regions(m: ModelConfig) -> None:
+    """The region encoders (vsrn, tern) and the settings that only they read."""
+    checks = [
+        ("model.reasoning_dim", m.reasoning_dim >= 1, "must be >= 1"),
+        ("model.reasoning_layers", m.reasoning_layers >= 0, "must be >= 0"),
+        ("model.shared_layers", m.shared_layers >= 0, "must be >= 0"),
+        ("model.attention_heads", m.attention_heads >= 1 and m.reasoning_dim % m.attention_heads == 0,
+         f"must be >= 1 and divide model.reasoning_dim={m.reasoning_dim}"),
+        ("model.reasoning_ff", m.reasoning_ff >= 1, "must be >= 1"),
+        ("model.reasoning_dropout", 0 <= m.reasoning_dropout < 1, "must be in [0, 1)"),
+        ("model.region_dim", m.region_dim >= 0, "must be >= 0 (0 = from the features)"),
+    ]
+    for key, ok, msg in checks:
+        if not ok:
+            raise ConfigError(f"{key}={getattr(m, key.split('.')[1])!r} {msg}")
+    if (m.image_encoder == "tern") != (m.text_encoder == "tern"):
+        raise ConfigError(f"model.image_encoder={m.image_encoder!r} with model.text_encoder={m.text_encoder!r}: "
+                          "TERN's shared transformer layers need both sides, so set both to tern (or neither)")
+    if m.image_encoder == "head":
+        if m.image_features == "grid" and m.backbone != "precomputed":
+            raise ConfigError("model.image_features=grid gives a set of regions: pick a region encoder "
+                              "(model.image_encoder=vsrn or tern)")
+        return
+    if m.image_features == "fne":
+        raise ConfigError(f"model.image_encoder={m.image_encoder} reads regions, not a full-network embedding: "
+                          "model.image_features=fne does not apply")
+    if m.backbone == "precomputed":
+        pass  # region features from the file (training/regions.py)
+    elif m.backbone != "efficientnet_lite0" or m.image_features != "grid":
+        raise ConfigError(f"model.image_encoder={m.image_encoder} reasons over regions: use the packaged CNN's grid "
+                          "cells (model.backbone=efficientnet_lite0, model.image_features=grid) or precomputed region "
+                          "features (model.backbone=precomputed, model.precomputed_path=...)")
+    if m.crops != 1:
+        raise ConfigError(f"model.crops={m.crops}: region encoders read one view (the mean of a grid and its mirror "
+                          "image is not a grid of anything); set model.crops=1")
 
 
 def dump_config(cfg: Any, path: str | Path) -> None:

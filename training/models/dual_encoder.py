@@ -18,6 +18,7 @@ from training.losses.objective import objective_needs
 from training.models.backbones import Backbone, build_backbone
 from training.models.decoders import InputTokenDecoder, LatentTargetDecoder
 from training.models.heads import FNEDiscretize, ProjectionHead
+from training.models.reasoning import region_image_head, shared_layers, tern_text_encoder
 from training.models.text_encoder import GRUTextEncoder, SBERTTextEncoder, move_batch
 
 
@@ -26,12 +27,15 @@ class NoImageBackbone(RuntimeError):
 
 
 class ImageEncoder(nn.Module):
-    def __init__(self, backbone: Backbone | None, feat_dim: int, cfg: ModelConfig):
+    """Backbone (or cached features) → ``head``: a projection head, or a region-reasoning head
+    (:mod:`training.models.reasoning`) that reads the features as regions."""
+
+    def __init__(self, backbone: Backbone | None, feat_dim: int, cfg: ModelConfig, head: nn.Module | None = None):
         super().__init__()
         self.backbone = backbone
         self.fne = FNEDiscretize(feat_dim, discretize=cfg.fne_discretize) if cfg.image_features == "fne" else None
         self.dropout = nn.Dropout(cfg.feature_dropout) if cfg.feature_dropout > 0 else nn.Identity()
-        self.head = ProjectionHead(feat_dim, cfg.embed_dim, cfg.head_hidden, cfg.image_head, cfg.batchnorm)
+        self.head = head or ProjectionHead(feat_dim, cfg.embed_dim, cfg.head_hidden, cfg.image_head, cfg.batchnorm)
         self.n_crops = cfg.crops
         self.frozen = cfg.freeze_backbone
         self.feat_dim, self.embed_dim = feat_dim, cfg.embed_dim
@@ -103,10 +107,11 @@ class DualEncoder(nn.Module):
         return out
 
 
-def build_model(cfg: Config, vocab: Vocab, *, feat_dim: int | None = None, target_dim: int = 0,
+def build_model(cfg: Config, vocab: Vocab, *, feat_dim: int | None = None, region_dim: int = 0, target_dim: int = 0,
                 word_embeddings: torch.Tensor | None = None, backbone: Backbone | None = None) -> DualEncoder:
     """Build from config sections. ``backbone`` may be passed to share an already-loaded one;
-    ``feat_dim`` is required for precomputed features."""
+    ``feat_dim`` is required for precomputed features, ``region_dim`` (channels per region) for
+    precomputed regions when ``model.region_dim`` is 0."""
     m = cfg.model
     if backbone is None and m.backbone != "precomputed":
         backbone = build_backbone(m.backbone, features=m.image_features, image_size=m.image_size,
@@ -117,18 +122,9 @@ def build_model(cfg: Config, vocab: Vocab, *, feat_dim: int | None = None, targe
             p.requires_grad_(not m.freeze_backbone)
     if feat_dim is None:
         raise ValueError("feat_dim is required when the backbone is precomputed")
-    image = ImageEncoder(backbone, feat_dim, m)
-    if m.text_encoder == "gru":
-        word_dim = word_embeddings.shape[1] if word_embeddings is not None else m.word_dim
-        text: nn.Module = GRUTextEncoder(vocab, word_dim, m.text_hidden, m.embed_dim, layers=m.text_layers,
-                                         head_hidden=m.head_hidden, batchnorm=m.batchnorm,
-                                         token_dropout=m.token_dropout, max_len=cfg.data.max_caption_len,
-                                         embeddings=word_embeddings, head=m.text_head)
-    else:
-        from training.targets import resolve_sentence_model
-        text = SBERTTextEncoder(str(resolve_sentence_model(m.sbert_path)), m.embed_dim, train_layers=m.sbert_train_layers,
-                                head=m.text_head, head_hidden=m.head_hidden, batchnorm=m.batchnorm,
-                                max_len=cfg.data.max_caption_len)
+    shared = shared_layers(m)  # TERN: one module that both encoders apply
+    image = ImageEncoder(backbone, feat_dim, m, head=region_image_head(m, feat_dim, backbone, shared, region_dim))
+    text = build_text_encoder(cfg, vocab, word_embeddings, shared)
     needs = objective_needs(cfg.loss)  # which decoder and similarity the training objective asks for
     decoder: nn.Module | None = None
     if needs.decoder == "ltd":
@@ -138,3 +134,20 @@ def build_model(cfg: Config, vocab: Vocab, *, feat_dim: int | None = None, targe
     elif needs.decoder == "itd":
         decoder = InputTokenDecoder(m.embed_dim, len(vocab), m.decoder_hidden)
     return DualEncoder(image, text, decoder, similarity=needs.similarity)
+
+
+def build_text_encoder(cfg: Config, vocab: Vocab, word_embeddings: torch.Tensor | None,
+                       shared: nn.Module | None = None) -> nn.Module:
+    """The caption encoder of ``model.text_encoder``: gru | sbert | tern (which needs the shared layers)."""
+    m = cfg.model
+    if m.text_encoder == "gru":
+        word_dim = word_embeddings.shape[1] if word_embeddings is not None else m.word_dim
+        return GRUTextEncoder(vocab, word_dim, m.text_hidden, m.embed_dim, layers=m.text_layers,
+                              head_hidden=m.head_hidden, batchnorm=m.batchnorm, token_dropout=m.token_dropout,
+                              max_len=cfg.data.max_caption_len, embeddings=word_embeddings, head=m.text_head)
+    if m.text_encoder == "tern":
+        return tern_text_encoder(m, shared, cfg.data.max_caption_len)
+    from training.targets import resolve_sentence_model
+    return SBERTTextEncoder(str(resolve_sentence_model(m.sbert_path)), m.embed_dim, train_layers=m.sbert_train_layers,
+                            head=m.text_head, head_hidden=m.head_hidden, batchnorm=m.batchnorm,
+                            max_len=cfg.data.max_caption_len)

@@ -72,22 +72,10 @@ class SBERTTextEncoder(nn.Module):
         self.head = ProjectionHead(dim_of(), embed_dim, head_hidden, head, batchnorm)
         self.out_dim = embed_dim
         self._memory: dict[str, torch.Tensor] = {}
-        if train_layers >= 0:
-            for p in self.st.parameters():
-                p.requires_grad_(False)
-            layers = self.transformer_layers()
-            if train_layers > len(layers):
-                raise ValueError(f"model.sbert_train_layers={train_layers} but the model has {len(layers)} layers")
-            for layer in layers[len(layers) - train_layers:]:
-                for p in layer.parameters():
-                    p.requires_grad_(True)
+        train_top_layers(self.st, train_layers)
 
     def transformer_layers(self) -> list[nn.Module]:
-        for mod in self.st.modules():
-            enc = getattr(mod, "encoder", None)
-            if enc is not None and isinstance(getattr(enc, "layer", None), nn.ModuleList):
-                return list(enc.layer)
-        raise ValueError("cannot find the transformer layers of this sentence-transformers model")
+        return transformer_layers(self.st)
 
     def frozen_prefixes(self) -> list[str]:
         """State-dict prefixes rebuilt from the model folder instead of being saved."""
@@ -122,6 +110,29 @@ class SBERTTextEncoder(nn.Module):
     def forward(self, batch: dict) -> torch.Tensor:
         x = batch["sentence_embedding"] if "sentence_embedding" in batch else self.st(dict(batch))["sentence_embedding"]
         return self.head(x)
+
+
+def transformer_layers(st: nn.Module) -> list[nn.Module]:
+    """The transformer layers of a sentence-transformers model (BERT-like ``encoder.layer``)."""
+    for mod in st.modules():
+        enc = getattr(mod, "encoder", None)
+        if enc is not None and isinstance(getattr(enc, "layer", None), nn.ModuleList):
+            return list(enc.layer)
+    raise ValueError("cannot find the transformer layers of this sentence-transformers model")
+
+
+def train_top_layers(st: nn.Module, k: int) -> None:
+    """-1: every parameter trains; 0: none; k > 0: only the top k transformer layers."""
+    if k < 0:
+        return
+    for p in st.parameters():
+        p.requires_grad_(False)
+    layers = transformer_layers(st)
+    if k > len(layers):
+        raise ValueError(f"model.sbert_train_layers={k} but the model has {len(layers)} layers")
+    for layer in layers[len(layers) - k:]:
+        for p in layer.parameters():
+            p.requires_grad_(True)
 
 
 def move_batch(batch: dict, device: torch.device) -> dict:
