@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from indexer.ann import build_vector_index
 from indexer.corpus import IMAGE_EXTS, check_corpus_inputs, image_files, read_captions_file
 from indexer.embed import embed_captions, embed_image_features, embed_image_files
 from indexer.index import (IndexDir, IndexDirError, Modality, VectorIndex, append_to_index_dir, check_target,
@@ -35,10 +36,13 @@ class LoadedModel:
     meta: dict
 
 
-def load_model(checkpoint: str | Path, device: str = "cpu") -> LoadedModel:
+def load_model(checkpoint: str | Path, device: str = "cpu", runtime: str | None = None) -> LoadedModel:
+    """A checkpoint's model; ``runtime`` runs its frozen image backbone (``training/models/runtimes.py``)."""
     checkpoint = Path(checkpoint).resolve()
     ckpt = load_checkpoint(checkpoint)
     model, _, cfg = model_from_checkpoint(ckpt, device)
+    if runtime and hasattr(model.image.backbone, "set_runtime"):
+        model.image.backbone.set_runtime(runtime)
     if model.similarity != "cosine":
         raise IndexDirError(f"{checkpoint}: {model.similarity}-similarity models cannot use an inner-product FAISS "
                             "index; evaluate them with training validation instead")
@@ -80,11 +84,11 @@ def _dataset_image_features(lm: LoadedModel, ds, idx: list[int], transform, tran
 def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str, out: str | Path, *,
                         factory: str = "Flat", images_root: str | None = None, shortcuts: str = "none",
                         overwrite: bool = False, show_progress: bool = True, device: str = "cpu",
-                        name: str | None = None) -> IndexDir:
+                        name: str | None = None, runtime: str | None = None) -> IndexDir:
     check_target(Path(out), overwrite)
     ds = load_karpathy(dataset, images_root=images_root, drop_missing=True)
     ds.split(split)  # an unknown split fails here, before the model loads
-    lm = load_model(checkpoint, device)
+    lm = load_model(checkpoint, device, runtime)
     sp = ds.split(split)
     sc = apply_shortcuts(shortcuts, ds, seed=lm.cfg.train.seed, evaluation=True)
     idx = [im.index for im in sp.images]
@@ -118,8 +122,8 @@ def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str,
                                               "images_root": str(ds.root)},
                 "ground_truth": True, "shortcuts": shortcuts, "factory": factory, "metric": "inner_product",
                 "dim": int(img_vecs.shape[1]), "normalized": True, "skipped": skipped, "versions": versions()}
-    return save_index_dir(out, manifest, Modality(VectorIndex.build(img_vecs, factory), img_vecs, images_meta),
-                          Modality(VectorIndex.build(txt_vecs, factory), txt_vecs, captions_meta), overwrite=overwrite)
+    return save_index_dir(out, manifest, Modality(build_vector_index(img_vecs, factory), img_vecs, images_meta),
+                          Modality(build_vector_index(txt_vecs, factory), txt_vecs, captions_meta), overwrite=overwrite)
 
 
 def _corpus_items(lm: LoadedModel, images_dir: str | Path | None, captions_file: str | Path | None, start_image_id: int,
@@ -172,14 +176,15 @@ def _corpus_items(lm: LoadedModel, images_dir: str | Path | None, captions_file:
 
 def build_corpus_index(checkpoint: str | Path, out: str | Path, *, images_dir: str | Path | None = None,
                        captions_file: str | Path | None = None, factory: str = "Flat", overwrite: bool = False,
-                       show_progress: bool = True, device: str = "cpu", name: str | None = None) -> IndexDir:
+                       show_progress: bool = True, device: str = "cpu", name: str | None = None,
+                       runtime: str | None = None) -> IndexDir:
     check_corpus_inputs(images_dir, captions_file)
     check_target(Path(out), overwrite)
-    lm = load_model(checkpoint, device)
+    lm = load_model(checkpoint, device, runtime)
     img_vecs, images_meta, txt_vecs, captions_meta, skipped = _corpus_items(lm, images_dir, captions_file, 0, 0,
                                                                             show_progress)
     def vindex(v):  # an empty side cannot train IVF/PQ; it stays an (empty) exact index
-        return VectorIndex.build(v, factory if len(v) else "Flat")
+        return build_vector_index(v, factory if len(v) else "Flat")
     manifest = {"name": name or Path(out).name, **_checkpoint_fields(lm, out),
                 "model": lm.meta, "dataset": {"name": "corpus", "images_dir": str(images_dir or ""),
                                               "captions_file": str(captions_file or ""), "split": None},
@@ -190,10 +195,10 @@ def build_corpus_index(checkpoint: str | Path, out: str | Path, *, images_dir: s
 
 
 def append_corpus(index_dir: str | Path, checkpoint: str | Path, *, images_dir=None, captions_file=None,
-                  show_progress: bool = True, device: str = "cpu") -> IndexDir:
+                  show_progress: bool = True, device: str = "cpu", runtime: str | None = None) -> IndexDir:
     """Add a folder's images and/or a file's captions to a corpus index; what is already there is skipped."""
     check_corpus_inputs(images_dir, captions_file)
-    lm = load_model(checkpoint, device)
+    lm = load_model(checkpoint, device, runtime)
     ix = open_for_append(index_dir, checkpoint_sha256=lm.sha256)
     if ix.has_ground_truth:
         raise IndexDirError(f"{index_dir} indexes a dataset split; --append adds to corpus indexes only")
