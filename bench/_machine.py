@@ -47,11 +47,11 @@ def best_of(fn, repeats: int = 3, warmup: int = 1) -> float:
     return min(times)
 
 
-def matmul_gflops(n: int = 2048, device: str = "cpu") -> float:
-    """The best dense fp32 matmul rate (GFLOP/s): the numerator of the FLOP-bound ceiling."""
+def matmul_gflops(n: int = 2048, device: str = "cpu", dtype=None) -> float:
+    """The best dense matmul rate (GFLOP/s; fp32 unless ``dtype``): the numerator of the FLOP-bound ceiling."""
     import torch
 
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype or torch.float32) for _ in range(2))
 
     def run():
         a @ b

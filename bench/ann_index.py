@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench._common import replace_section  # noqa: E402
 from bench._machine import load1, machine_line, today  # noqa: E402
+from bench._models import tiny_checkpoint  # noqa: E402
 
 SECTION = "## A million-vector index (bench/ann_index.py)"
 
@@ -60,17 +61,6 @@ def grid(vi, xq: np.ndarray, truth: np.ndarray, nprobes, reranks) -> list[dict]:
                          "load1": load1()})
             print(json.dumps(rows[-1]), flush=True)
     return rows
-
-
-def tiny_checkpoint(root: Path) -> Path:
-    os.environ.setdefault("LTD_CACHE_DIR", str(root / "cache"))
-    from app.pipeline import train_run
-    from training.config import load_config
-
-    sets = ["data.synthetic_images=60", "model.image_size=64", "model.embed_dim=256", "model.text_hidden=64",
-            "model.head_hidden=128", "train.epochs=1", "train.batch_size=32"]
-    res = train_run(load_config("synthetic_baseline", sets), root / "run", show_progress=False)
-    return res.run_dir / "best.pt"
 
 
 def write_index_dir(out: Path, xb: np.ndarray, vi, ckpt: Path) -> float:
@@ -166,7 +156,7 @@ def run(args) -> dict:
     faiss.extract_index_ivf(vi.index).nprobe = plan.nprobe
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         tmp = Path(tmp)
-        ckpt = tiny_checkpoint(tmp)
+        ckpt = tiny_checkpoint(tmp, image_size=64)
         res["save_s"] = write_index_dir(tmp / "ix", xb, vi, ckpt)
         res["dir_bytes"] = {p.name.split(".")[0] + "." + p.suffix[1:]: p.stat().st_size for p in (tmp / "ix").iterdir()
                             if p.suffix in (".faiss", ".npy", ".json")}

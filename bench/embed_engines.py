@@ -111,7 +111,10 @@ def measure(args, paths: list[Path]) -> dict:
     res = {"machine": machine_line(), "date": today(), "images": len(paths), "device": dev,
            "bf16_native": cpu_bf16_fast(), "command": "python bench/embed_engines.py " + " ".join(args.argv)}
     res["gflops_per_image"] = effnet_gflops(224)
-    peaks = [matmul_gflops(device=dev)]
+    # on a GPU the torch runtime runs fp16 autocast, so its ceiling is the fp16 matmul rate
+    mm_dtype = torch.float16 if dev != "cpu" else torch.float32
+    res["precision"] = "fp16 autocast" if dev != "cpu" else "fp32"
+    peaks = [matmul_gflops(device=dev, dtype=mm_dtype)]
     runtimes = args.runtime or (["torch"] if dev != "cpu" else
                                 [r for r in ("torch", "onnxruntime", "openvino") if installed(r)])
     if args.compile and dev == "cpu":
@@ -135,7 +138,7 @@ def measure(args, paths: list[Path]) -> dict:
         extra.append({"runtime": best["runtime"], "variant": label, "e2e_img_s": rate, "load1": load,
                       "cos_to_full_decode": cosine_min(feats, best["feats"])})
         print(json.dumps(extra[-1]), flush=True)
-    peaks.append(matmul_gflops(device=dev))
+    peaks.append(matmul_gflops(device=dev, dtype=mm_dtype))
     res.update(matmul_gflops=peaks, ceiling_img_s=max(peaks) / res["gflops_per_image"],
                rows=[{k: v for k, v in r.items() if k != "feats"} for r in rows], variants=extra)
     if dev == "cpu":
@@ -150,8 +153,9 @@ def render(res: dict) -> str:
     bf16 = ("this CPU has native bf16, so `auto` runs torch's bf16 path (its own cache entry)" if res["bf16_native"]
             else "this CPU has no native bf16 (no AVX-512 BF16 / AMX), so only fp32 could be measured here")
     lines = [sec, "", f"Machine: {res['machine']}. Date: {res['date']}. Command: `{res['command']}`.", "",
-             f"{res['images']} COCO-sized JPEGs (640×480, quality 90), EfficientNet-Lite0 pooled features at 224 px, fp32 "
-             f"({bf16}). Ceiling: {res['gflops_per_image']:.2f} GFLOP per image against the best fp32 matmul rate "
+             f"{res['images']} COCO-sized JPEGs (640×480, quality 90), EfficientNet-Lite0 pooled features at 224 px, "
+             f"{res['precision']} ({bf16}). Ceiling: {res['gflops_per_image']:.2f} GFLOP per image against the best "
+             f"{'fp16' if res['device'] != 'cpu' else 'fp32'} matmul rate "
              f"({' / '.join(f'{p:.0f}' for p in res['matmul_gflops'])} GFLOP/s at the start / end of the run) = "
              f"**{ceil:.0f} images/s**. End to end = JPEG decode (one worker process, overlapped) + resize/crop + CNN "
              "through the feature cache, batch 32. Load = `uptime`'s 1-minute load average when the row started (2 cores).",

@@ -102,3 +102,18 @@ def test_feature_cache_is_shared_across_fp32_runtimes(tmp_path):
     assert again is not None and again.key == store.key
     fresh = extract_features(ref_bb, paths, cache_dir=tmp_path / "other", workers=0, show_progress=False)
     np.testing.assert_allclose(store.tensor().numpy(), fresh.tensor().numpy(), atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.skipif(not FAST, reason="needs onnxruntime or openvino (extra [fast])")
+def test_fast_runtimes_serve_concurrent_callers(images):
+    """The server encodes uploads from several threads at once: every caller gets its own answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for name in FAST:
+        bb = EfficientNetLite0("pooled", image_size=96)
+        bb.set_runtime(name)
+        want = [bb.extract(images[i : i + 1]) for i in range(3)]
+        with ThreadPoolExecutor(6) as pool:
+            got = list(pool.map(lambda i: bb.extract(images[i % 3 : i % 3 + 1]), range(12)))
+        for i, g in enumerate(got):
+            torch.testing.assert_close(g, want[i % 3], atol=1e-5, rtol=1e-5)

@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -123,9 +124,15 @@ def _openvino(path: Path) -> Callable[[np.ndarray], np.ndarray]:
     core = ov.Core()
     compiled = core.compile_model(core.read_model(str(path)), "CPU", {
         "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": _threads(), "PERFORMANCE_HINT": "THROUGHPUT"})
-    request = compiled.create_infer_request()
     out = compiled.output(0)
-    return lambda x: np.array(request.infer({0: x})[out], copy=True)
+    local = threading.local()  # an infer request serves one call at a time: one per thread (the server's pool)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        request = getattr(local, "request", None)
+        if request is None:
+            request = local.request = compiled.create_infer_request()
+        return np.array(request.infer({0: x})[out], copy=True)
+    return run
 
 
 class ImageRuntime:
