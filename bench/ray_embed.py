@@ -89,11 +89,11 @@ def render(res: dict) -> str:
         lines.append(f"| {r['label']} | {r['wall_s']:.1f} | {res['images'] / r['wall_s']:.1f} | "
                      f"{r['wall_s'] / local:.2f}× | {r['cos_min']:.6f} | {r['load1']:.1f} |")
     fixed = res["cluster_start_stop_s"]
-    lines += ["", f"- Ray overhead at 1 worker: **{100 * (one / local - 1):+.0f} %** of the local wall time (target ≤ 15 %; "
-              f"local = the faster of its two runs). A local Ray cluster's start + stop alone takes {fixed:.1f} s; "
-              f"without it the overhead is {100 * ((one - fixed) / local - 1):+.0f} % (the rest: one model load and "
-              "runtime compile per actor, shard files, Ray Data scheduling). The fixed part is paid once per run, "
-              "so it vanishes on a corpus of COCO's size.",
+    over = 100 * (one / local - 1)
+    lines += ["", f"- Ray overhead at 1 worker: **{over:+.0f} %** of the local wall time (target ≤ 15 %; local = the faster "
+              f"of its two runs; negative: the Ray run was the faster). That includes starting and stopping a local Ray "
+              f"cluster, {fixed:.1f} s on its own, plus one model load and runtime compile per actor: fixed costs that "
+              "vanish on a corpus of COCO's size.",
               f"- Scaling 1 → 2 workers on this 2-core machine: {one / two:.2f}× (each worker is a model and a decoding "
               "process; with 2 cores in all, one worker already uses both through its threads).", ""]
     return "\n".join(lines)
