@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from indexer.ann import build_vector_index
 from indexer.corpus import IMAGE_EXTS, check_corpus_inputs, image_files, read_captions_file
 from indexer.embed import embed_captions, embed_image_features, embed_image_files
-from indexer.index import (IndexDir, IndexDirError, Modality, VectorIndex, append_to_index_dir, check_target,
+from indexer.index import (IndexDir, IndexDirError, Modality, append_to_index_dir, check_target,
                            open_for_append, relative_to_index, save_index_dir)
 from training.checkpoint import load_checkpoint, model_from_checkpoint, versions
 from training.fsio import sha256_file
@@ -36,10 +38,13 @@ class LoadedModel:
     meta: dict
 
 
-def load_model(checkpoint: str | Path, device: str = "cpu") -> LoadedModel:
+def load_model(checkpoint: str | Path, device: str = "cpu", runtime: str | None = None) -> LoadedModel:
+    """A checkpoint's model; ``runtime`` runs its frozen image backbone (``training/models/runtimes.py``)."""
     checkpoint = Path(checkpoint).resolve()
     ckpt = load_checkpoint(checkpoint)
     model, _, cfg = model_from_checkpoint(ckpt, device)
+    if runtime and hasattr(model.image.backbone, "set_runtime"):
+        model.image.backbone.set_runtime(runtime)
     if model.similarity != "cosine":
         raise IndexDirError(f"{checkpoint}: {model.similarity}-similarity models cannot use an inner-product FAISS "
                             "index; evaluate them with training validation instead")
@@ -82,15 +87,23 @@ def _dataset_image_features(lm: LoadedModel, ds, idx: list[int], transform, tran
 def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str, out: str | Path, *,
                         factory: str = "Flat", images_root: str | None = None, shortcuts: str = "none",
                         overwrite: bool = False, show_progress: bool = True, device: str = "cpu",
-                        name: str | None = None) -> IndexDir:
+                        name: str | None = None, runtime: str | None = None, ray=None) -> IndexDir:
+    """Index a split of a Karpathy dataset (with ground truth). ``ray``: a ``ray_engine.RayOptions``."""
     check_target(Path(out), overwrite)
     ds = load_karpathy(dataset, images_root=images_root, drop_missing=True)
     ds.split(split)  # an unknown split fails here, before the model loads
-    lm = load_model(checkpoint, device)
+    lm = load_model(checkpoint, device, runtime)
     sp = ds.split(split)
     sc = apply_shortcuts(shortcuts, ds, seed=lm.cfg.train.seed, evaluation=True)
     idx = [im.index for im in sp.images]
-    if lm.model.image.frozen:
+    texts = [sc.caption(c) for c in sp.captions]
+    if ray is not None:
+        if sc.image_transform is not None:
+            raise IndexDirError("--engine ray does not evaluate shortcuts; use the local engine")
+        img_vecs, failed, txt_vecs = ray_embed_fn(lm, ray, device, runtime, show_progress)(
+            [im.path for im in sp.images], texts)
+        keep = [k for k in range(len(idx)) if k not in failed]
+    elif lm.model.image.frozen:
         feats, failed = _dataset_image_features(lm, ds, idx, sc.image_transform, sc.transform_id, show_progress)
         keep = [k for k in range(len(idx)) if k not in failed]
         img_vecs = embed_image_features(lm.model, feats[keep])
@@ -99,9 +112,9 @@ def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str,
             raise IndexDirError("shortcut evaluation needs a frozen backbone (feature-cache path)")
         img_vecs, failed = embed_image_files(lm.model, [im.path for im in sp.images], show_progress=show_progress)
         keep = [k for k in range(len(idx)) if k not in failed]
+    if ray is None:
+        txt_vecs = embed_captions(lm.model, texts, show_progress=show_progress)
     pos = {old: new for new, old in enumerate(keep)}
-    texts = [sc.caption(c) for c in sp.captions]
-    txt_vecs = embed_captions(lm.model, texts, show_progress=show_progress)
     c2i = [pos.get(int(i), -1) for i in sp.caption_to_image]
     kept_imgs = [sp.images[k] for k in keep]
     images_meta = {"ids": [im.id for im in kept_imgs], "filenames": [im.filename for im in kept_imgs],
@@ -120,82 +133,118 @@ def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str,
                                               "images_root": str(ds.root)},
                 "ground_truth": True, "shortcuts": shortcuts, "factory": factory, "metric": "inner_product",
                 "dim": int(img_vecs.shape[1]), "normalized": True, "skipped": skipped, "versions": versions()}
-    return save_index_dir(out, manifest, Modality(VectorIndex.build(img_vecs, factory), img_vecs, images_meta),
-                          Modality(VectorIndex.build(txt_vecs, factory), txt_vecs, captions_meta), overwrite=overwrite)
+    ix = save_index_dir(out, manifest, Modality(build_vector_index(img_vecs, factory), img_vecs, images_meta),
+                        Modality(build_vector_index(txt_vecs, factory), txt_vecs, captions_meta), overwrite=overwrite)
+    _drop_shards(ray)
+    return ix
+
+
+EmbedFn = Callable[[list[Path], list[str]], tuple[np.ndarray, dict[int, str], np.ndarray]]
+
+
+def local_embed_fn(lm: LoadedModel, show_progress: bool) -> EmbedFn:
+    """Images and captions embedded in this process (decoding in worker processes)."""
+    def run(paths: list[Path], texts: list[str]):
+        img, failed = (embed_image_files(lm.model, paths, show_progress=show_progress) if paths
+                       else (np.zeros((0, lm.model.image.embed_dim), np.float32), {}))
+        txt = (embed_captions(lm.model, texts, show_progress=show_progress) if texts
+               else np.zeros((0, lm.model.text.out_dim), np.float32))
+        return img, failed, txt
+    return run
+
+
+def ray_embed_fn(lm: LoadedModel, opts, device: str, runtime: str | None, show_progress: bool) -> EmbedFn:
+    """Images and captions embedded by a Ray actor pool (``indexer/ray_engine.py``), in one run."""
+    from indexer.ray_engine import ray_embed
+
+    def run(paths: list[Path], texts: list[str]):
+        return ray_embed(lm.checkpoint, lm.sha256, paths, texts, lm.model.image.embed_dim, opts, device=device,
+                         runtime=runtime, show_progress=show_progress)
+    return run
+
+
+def _drop_shards(ray) -> None:
+    """The index is committed: a Ray run's shards are no longer needed to resume."""
+    if ray is not None:
+        from indexer.ray_engine import remove_shards
+
+        remove_shards(ray)
+
+
+def _new_images(folder: Path, known_images: set[str]) -> list[tuple[Path, str]]:
+    files = image_files(folder)
+    if not files:
+        raise ValueError(f"no image files ({', '.join(sorted(IMAGE_EXTS))}) under {folder}")
+    seen, new = set(known_images), []
+    for p in files:
+        d = sha256_file(p)
+        if d not in seen:
+            seen.add(d)
+            new.append((p, d))
+    if len(new) < len(files):
+        log.info("%d of %d images are already in the index: skipped", len(files) - len(new), len(files))
+    return new
+
+
+def _new_texts(path: Path, known_texts: set[str]) -> list[str]:
+    all_texts = read_captions_file(path)
+    if not all_texts:
+        raise ValueError(f"{path} has no captions (one per line expected)")
+    texts = [t for t in dict.fromkeys(all_texts) if t not in known_texts] if known_texts else all_texts
+    if len(texts) < len(all_texts) and known_texts:
+        log.info("%d of %d captions are already in the index: skipped", len(all_texts) - len(texts), len(all_texts))
+    return texts
 
 
 def _corpus_items(lm: LoadedModel, images_dir: str | Path | None, captions_file: str | Path | None, start_image_id: int,
-                  start_caption_id: int, show_progress: bool, *, known_images: set[str] = frozenset(),
+                  start_caption_id: int, embed: EmbedFn, *, known_images: set[str] = frozenset(),
                   known_texts: set[str] = frozenset()):
     """Embeddings and metadata of a folder's images and a file's captions. Items already in the index
     (``known_images``: content sha256 of indexed and of skipped files; ``known_texts``: caption text) are
     left out, so an append that is run twice adds nothing the second time."""
-    img_vecs = np.zeros((0, lm.model.image.embed_dim), np.float32)
-    images_meta: dict = {"ids": [], "filenames": [], "paths": [], "captions": [], "sha256": []}
-    skipped: list[dict] = []
-    if images_dir:
-        folder = Path(images_dir)
-        files = image_files(folder)
-        if not files:
-            raise ValueError(f"no image files ({', '.join(sorted(IMAGE_EXTS))}) under {folder}")
-        digests = [sha256_file(p) for p in files]
-        seen = set(known_images)
-        new = []
-        for p, d in zip(files, digests):
-            if d not in seen:
-                seen.add(d)
-                new.append((p, d))
-        if len(new) < len(files):
-            log.info("%d of %d images are already in the index: skipped", len(files) - len(new), len(files))
-        if new:
-            img_vecs, failed = embed_image_files(lm.model, [p for p, _ in new], show_progress=show_progress)
-            ok = [(p, d) for k, (p, d) in enumerate(new) if k not in failed]
-            skipped = [{"file": str(new[k][0]), "reason": r, "sha256": new[k][1]} for k, r in sorted(failed.items())]
-            images_meta = {"ids": list(range(start_image_id, start_image_id + len(ok))),
-                           "filenames": [str(p.relative_to(folder)) for p, _ in ok],
-                           "paths": [str(p.resolve()) for p, _ in ok], "captions": [[] for _ in ok],
-                           "sha256": [d for _, d in ok]}
-    txt_vecs = np.zeros((0, lm.model.text.out_dim), np.float32)
-    captions_meta: dict = {"ids": [], "texts": [], "image": []}
-    if captions_file:
-        path = Path(captions_file)
-        all_texts = read_captions_file(path)
-        if not all_texts:
-            raise ValueError(f"{path} has no captions (one per line expected)")
-        texts = [t for t in dict.fromkeys(all_texts) if t not in known_texts] if known_texts else all_texts
-        if len(texts) < len(all_texts) and known_texts:
-            log.info("%d of %d captions are already in the index: skipped", len(all_texts) - len(texts), len(all_texts))
-        if texts:
-            txt_vecs = embed_captions(lm.model, texts, show_progress=show_progress)
-            captions_meta = {"ids": list(range(start_caption_id, start_caption_id + len(texts))), "texts": texts,
-                             "image": [-1] * len(texts)}
+    folder = Path(images_dir) if images_dir else None
+    new = _new_images(folder, known_images) if folder else []
+    texts = _new_texts(Path(captions_file), known_texts) if captions_file else []
+    img_vecs, failed, txt_vecs = embed([p for p, _ in new], texts)
+    ok = [(p, d) for k, (p, d) in enumerate(new) if k not in failed]
+    skipped = [{"file": str(new[k][0]), "reason": r, "sha256": new[k][1]} for k, r in sorted(failed.items())]
+    images_meta = {"ids": list(range(start_image_id, start_image_id + len(ok))),
+                   "filenames": [str(p.relative_to(folder)) for p, _ in ok],
+                   "paths": [str(p.resolve()) for p, _ in ok], "captions": [[] for _ in ok], "sha256": [d for _, d in ok]}
+    captions_meta = {"ids": list(range(start_caption_id, start_caption_id + len(texts))), "texts": texts,
+                     "image": [-1] * len(texts)}
     return img_vecs, images_meta, txt_vecs, captions_meta, skipped
 
 
 def build_corpus_index(checkpoint: str | Path, out: str | Path, *, images_dir: str | Path | None = None,
                        captions_file: str | Path | None = None, factory: str = "Flat", overwrite: bool = False,
-                       show_progress: bool = True, device: str = "cpu", name: str | None = None) -> IndexDir:
+                       show_progress: bool = True, device: str = "cpu", name: str | None = None,
+                       runtime: str | None = None, ray=None) -> IndexDir:
+    """Index a folder of images and/or a file of captions (no ground truth). ``ray``: a
+    ``ray_engine.RayOptions`` to embed on a Ray cluster instead of in this process."""
     check_corpus_inputs(images_dir, captions_file)
     check_target(Path(out), overwrite)
-    lm = load_model(checkpoint, device)
-    img_vecs, images_meta, txt_vecs, captions_meta, skipped = _corpus_items(lm, images_dir, captions_file, 0, 0,
-                                                                            show_progress)
+    lm = load_model(checkpoint, device, runtime)
+    embed = ray_embed_fn(lm, ray, device, runtime, show_progress) if ray else local_embed_fn(lm, show_progress)
+    img_vecs, images_meta, txt_vecs, captions_meta, skipped = _corpus_items(lm, images_dir, captions_file, 0, 0, embed)
     def vindex(v):  # an empty side cannot train IVF/PQ; it stays an (empty) exact index
-        return VectorIndex.build(v, factory if len(v) else "Flat")
+        return build_vector_index(v, factory if len(v) else "Flat")
     manifest = {"name": name or Path(out).name, **_checkpoint_fields(lm, out),
                 "model": lm.meta, "dataset": {"name": "corpus", "images_dir": str(images_dir or ""),
                                               "captions_file": str(captions_file or ""), "split": None},
                 "ground_truth": False, "shortcuts": "none", "factory": factory, "metric": "inner_product",
                 "dim": int(lm.model.image.embed_dim), "normalized": True, "skipped": skipped, "versions": versions()}
-    return save_index_dir(out, manifest, Modality(vindex(img_vecs), img_vecs, images_meta),
-                          Modality(vindex(txt_vecs), txt_vecs, captions_meta), overwrite=overwrite)
+    ix = save_index_dir(out, manifest, Modality(vindex(img_vecs), img_vecs, images_meta),
+                        Modality(vindex(txt_vecs), txt_vecs, captions_meta), overwrite=overwrite)
+    _drop_shards(ray)
+    return ix
 
 
 def append_corpus(index_dir: str | Path, checkpoint: str | Path, *, images_dir=None, captions_file=None,
-                  show_progress: bool = True, device: str = "cpu") -> IndexDir:
+                  show_progress: bool = True, device: str = "cpu", runtime: str | None = None) -> IndexDir:
     """Add a folder's images and/or a file's captions to a corpus index; what is already there is skipped."""
     check_corpus_inputs(images_dir, captions_file)
-    lm = load_model(checkpoint, device)
+    lm = load_model(checkpoint, device, runtime)
     ix = open_for_append(index_dir, checkpoint_sha256=lm.sha256)
     if ix.has_ground_truth:
         raise IndexDirError(f"{index_dir} indexes a dataset split; --append adds to corpus indexes only")
@@ -205,7 +254,7 @@ def append_corpus(index_dir: str | Path, checkpoint: str | Path, *, images_dir=N
     known_images = {d for d in ix.images.meta.get("sha256", []) if d}
     known_images |= {s["sha256"] for s in ix.manifest.get("skipped", []) if s.get("sha256")}
     img_vecs, images_meta, txt_vecs, captions_meta, skipped = _corpus_items(
-        lm, images_dir, captions_file, next_img, next_cap, show_progress, known_images=known_images,
+        lm, images_dir, captions_file, next_img, next_cap, local_embed_fn(lm, show_progress), known_images=known_images,
         known_texts=set(ix.captions.meta.get("texts", [])))
     if not len(img_vecs) and not len(txt_vecs) and not skipped:
         log.info("%s: nothing new to add", index_dir)

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from training.progress import progress, progress_iter
 
-from training.data.images import ImageError, load_image
+from training.data.decode_pool import decoded_batches
 from training.losses import similarity_fn
-from training.models.dual_encoder import DualEncoder
+from training.models.dual_encoder import DualEncoder, NoImageBackbone
 from training.models.text_encoder import move_batch
 
 log = logging.getLogger(__name__)
@@ -45,25 +45,28 @@ def embed_image_features(model: DualEncoder, feats: torch.Tensor, *, batch_size:
 
 @torch.no_grad()
 def embed_image_files(model: DualEncoder, paths: Sequence[str | Path], *, batch_size: int = 32,
-                      show_progress: bool = False) -> tuple[np.ndarray, dict[int, str]]:
-    """Encode image files through the backbone. Unreadable files are skipped and returned as
-    ``{position: reason}``; the embedding array has one row per readable file, in order."""
+                      show_progress: bool = False, workers: int | None = None,
+                      draft: bool = False) -> tuple[np.ndarray, dict[int, str]]:
+    """Encode image files through the backbone, decoding in worker processes while the CNN runs
+    (``decode_pool``). Unreadable files are skipped and returned as ``{position: reason}``; the
+    embedding array has one row per readable file, in order."""
     model.eval()
+    enc = model.image
+    if enc.backbone is None:
+        raise NoImageBackbone("this model was trained on precomputed features and has no image backbone")
     out, failed = [], {}
-    bar = progress(len(paths), desc="image embeddings", unit="img", disable=not show_progress)
-    for i in range(0, len(paths), batch_size):
-        imgs = []
-        for j, p in enumerate(paths[i : i + batch_size], start=i):
-            try:
-                imgs.append(load_image(p))
-            except ImageError as e:
-                failed[j] = str(e)
-                log.warning("skipped: %s", e)
-        if imgs:
-            out.append(model.image(model.image.prepare(imgs).to(model.device)).float().cpu().numpy())
-        bar.update(min(batch_size, len(paths) - i))
-    bar.close()
-    return (np.concatenate(out) if out else np.zeros((0, model.image.embed_dim), np.float32)), failed
+    v, s = enc.n_crops, enc.backbone.preprocess.size
+    paths = [Path(p) for p in paths]
+    with progress(len(paths), desc="image embeddings", unit="img", disable=not show_progress) as bar:
+        for idx, x, bad in decoded_batches(paths, range(len(paths)), enc.backbone.preprocess, n_views=v,
+                                           batch_size=batch_size * v, workers=workers, draft=draft):
+            for j, err in bad:
+                failed[j] = err
+                log.warning("skipped: %s", err)
+            if x is not None:
+                out.append(enc(x.reshape(len(idx), v, 3, s, s).to(model.device)).float().cpu().numpy())
+            bar.update(len(idx) + len(bad))
+    return (np.concatenate(out) if out else np.zeros((0, enc.embed_dim), np.float32)), failed
 
 
 def similarity_matrix(model: DualEncoder, img: np.ndarray, txt: np.ndarray) -> np.ndarray:

@@ -150,7 +150,8 @@ def _write_generation(path: Path, generation: int, mods: dict[str, Modality]) ->
 def _commit(path: Path, manifest: dict, mods: dict[str, Modality]) -> IndexDir:
     gen = int(manifest["generation"])
     manifest = {**manifest, "format": FORMAT_VERSION, "files": _write_generation(path, gen, mods),
-                "counts": {m: mods[m].index.ntotal for m in MODALITIES}}
+                "counts": {m: mods[m].index.ntotal for m in MODALITIES},
+                "indexes": {m: mods[m].index.describe() for m in MODALITIES}}
     write_json_atomic(path / "manifest.json", manifest, indent=2)  # the commit point
     collect_garbage(path, manifest)
     return IndexDir(path, manifest, mods["images"], mods["captions"])
@@ -209,7 +210,9 @@ def append_to_index_dir(ix: IndexDir, images: tuple[np.ndarray, dict] | None,
                 merged[k] = list(cur.meta.get(k) or [None] * n_old) + list(meta.get(k) or [None] * n_new)
             else:
                 merged[k] = cur.meta.get(k, meta.get(k))
-        mods[name] = Modality(index, np.concatenate([np.asarray(cur.vectors), vectors]), merged)
+        all_vectors = np.concatenate([np.asarray(cur.vectors), vectors])
+        index.exact = all_vectors if index.rerank else None  # re-ranking scores the appended rows too
+        mods[name] = Modality(index, all_vectors, merged)
     path = ix.path
     current = read_manifest(path)
     if current.get("generation") != ix.manifest.get("generation"):
@@ -243,14 +246,16 @@ def _verify_files(path: Path, manifest: dict, hashes: bool) -> None:
                                 "copied in from another index); rebuild the index")
 
 
-def _load_modality(path: Path, manifest: dict, name: str) -> Modality:
+def _load_modality(path: Path, manifest: dict, name: str, mmap: bool = False) -> Modality:
     files = manifest["files"]
     try:
         meta = json.loads((path / files[f"{name}.json"]["file"]).read_text())
         vectors = np.load(path / files[f"{name}.npy"]["file"], mmap_mode="r", allow_pickle=False)
     except (OSError, json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
         raise IndexDirError(f"{path}: cannot read {name} ({e})") from None
-    index = VectorIndex.load(path / files[f"{name}.faiss"]["file"], manifest.get("factory", "Flat"))
+    spec = (manifest.get("indexes") or {}).get(name) or {"factory": manifest.get("factory", "Flat")}
+    index = VectorIndex.load(path / files[f"{name}.faiss"]["file"], spec.get("factory") or "Flat",
+                             nprobe=spec.get("nprobe"), rerank=int(spec.get("rerank") or 0), exact=vectors, mmap=mmap)
     want = (manifest.get("counts") or {}).get(name)
     counts = {index.ntotal, len(vectors), len(meta.get("ids", [])), want}
     if len(counts) != 1 or vectors.ndim != 2:
@@ -259,9 +264,13 @@ def _load_modality(path: Path, manifest: dict, name: str) -> Modality:
     return Modality(index, np.asarray(vectors), meta)
 
 
-def load_index_dir(path: str | Path, *, checkpoint_sha256: str | None = None, verify: str = "hash") -> IndexDir:
+def load_index_dir(path: str | Path, *, checkpoint_sha256: str | None = None, verify: str = "hash",
+                   mmap: bool = False) -> IndexDir:
     """Load an index directory after checking it is whole (``verify``: ``hash`` or ``counts``).
-    With ``checkpoint_sha256``, refuse an index built by another checkpoint."""
+    With ``checkpoint_sha256``, refuse an index built by another checkpoint. The exact vectors are
+    always memory-mapped; ``mmap`` also maps an IVF index's lists (``ltd serve``). ``hash`` reads every
+    file once (through the page cache, not into the process: a 1 GB ``.npy`` costs seconds, not RAM);
+    ``counts`` checks sizes and counts only, for indexes too large to hash at every start."""
     if verify not in ("hash", "counts"):
         raise ValueError(f"verify must be 'hash' or 'counts', got {verify!r}")
     path = Path(path)
@@ -279,7 +288,7 @@ def load_index_dir(path: str | Path, *, checkpoint_sha256: str | None = None, ve
             _verify_files(path, manifest, hashes=verify == "hash")
             if verify == "counts":
                 log.info("%s: sha256 of the data files not checked (verify=counts)", path)
-            mods = {m: _load_modality(path, manifest, m) for m in MODALITIES}
+            mods = {m: _load_modality(path, manifest, m, mmap) for m in MODALITIES}
         except FileNotFoundError as e:
             if attempt == 0 and read_manifest(path).get("generation") != manifest.get("generation"):
                 continue

@@ -84,7 +84,7 @@ def load_entry(name: str, path: Path, *, checkpoint: Path | None = None, device:
         raise IndexDirError(f"{ckpt} is not the checkpoint that built {path} (sha256 {sha[:12]}…, the manifest "
                             f"says {str(manifest.get('checkpoint_sha256'))[:12]}…); rebuild the index with "
                             "`ltd index` or serve it with the checkpoint that built it")
-    ix = load_index_dir(path, checkpoint_sha256=sha, verify=verify)
+    ix = load_index_dir(path, checkpoint_sha256=sha, verify=verify, mmap=True)  # IVF lists mapped, not read
     lm = load_model(ckpt, device)
     lm.model.eval()  # once: encoding calls the submodules directly, from many threads
     run_dir = ckpt.parent if (ckpt.parent / "metrics.jsonl").is_file() else None

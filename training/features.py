@@ -11,25 +11,21 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 from training.progress import progress
 
 from training.fsio import write_json_atomic
-from training.data.images import ImageError, Preprocess, load_image
+from training.data.decode_pool import ImageTransform, decode_key, decoded_batches
 from training.models.backbones import Backbone
 
 log = logging.getLogger(__name__)
 
 TODO, DONE, FAILED = 0, 1, 2
-# Hook for synthetic shortcuts: (image index, view) -> view, applied to every view after cropping so
-# that nothing the hook draws is ever cropped away.
-ImageTransform = Callable[[int, Image.Image], Image.Image]
 
 
 def default_cache_dir(configured: str = "") -> Path:
@@ -61,38 +57,10 @@ class FeatureStore:
         return self.tensor(indices).mean(1)
 
 
-class _ImageViews(torch.utils.data.Dataset):
-    def __init__(self, paths: Sequence[Path], indices: Sequence[int], pre: Preprocess, n_views: int,
-                 transform: ImageTransform | None):
-        self.paths, self.indices, self.pre, self.n_views, self.transform = paths, [int(i) for i in indices], pre, n_views, transform
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i: int):
-        idx = self.indices[i]
-        try:
-            views = self.pre.crops(load_image(self.paths[idx]), self.n_views)
-        except ImageError as e:
-            return idx, None, str(e)
-        except Exception as e:  # a long run never dies on one odd file
-            return idx, None, f"{self.paths[idx]}: {type(e).__name__}: {e}"
-        if self.transform is not None:  # outside the try: a failing transform is a bug, not a bad file,
-            views = [self.transform(idx, v) for v in views]  # and must stop the run, not mark images failed
-        return idx, torch.stack([self.pre.to_tensor(v) for v in views]), ""
-
-
-def _collate(items):
-    ok = [(i, t) for i, t, err in items if t is not None]
-    bad = [(i, err) for i, t, err in items if t is None]
-    idx = [i for i, _ in ok]
-    x = torch.cat([t for _, t in ok]) if ok else None
-    return idx, x, bad
-
-
-def cache_key(backbone_key: dict, paths: Sequence[Path], n_views: int, transform_id: str = "") -> str:
+def cache_key(backbone_key: dict, paths: Sequence[Path], n_views: int, transform_id: str = "",
+              draft: bool = False) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps({"backbone": backbone_key, "views": n_views, "transform": transform_id},
+    h.update(json.dumps({"backbone": backbone_key, "views": n_views, "transform": transform_id, **decode_key(draft)},
                         sort_keys=True).encode())
     for p in paths:
         try:
@@ -116,12 +84,14 @@ def extract_features(
     transform_id: str = "",
     show_progress: bool = True,
     desc: str = "image features",
+    draft: bool = False,
 ) -> FeatureStore:
-    """Features for every path (cached). Failed images keep zero features and are listed in ``failed``."""
+    """Features for every path (cached). Failed images keep zero features and are listed in ``failed``.
+    ``draft``: decode large JPEGs at a reduced scale (``decode_pool``; its own cache entry)."""
     if n_views not in (1, 2, 10):
         raise ValueError(f"n_views must be 1, 2 or 10, got {n_views}")
     paths = [Path(p) for p in paths]
-    key = cache_key(backbone.cache_key(), paths, n_views, transform_id)
+    key = cache_key(backbone.cache_key(), paths, n_views, transform_id, draft)
     root = default_cache_dir(str(cache_dir)) / "features" / key
     root.mkdir(parents=True, exist_ok=True)
     fpath, spath = root / "features.npy", root / "status.npy"
@@ -138,7 +108,7 @@ def extract_features(
         feats.flush(), status.flush()
         os.replace(fpath.with_suffix(".tmp.npy"), fpath)
         os.replace(spath.with_suffix(".tmp.npy"), spath)
-        write_json_atomic(root / "meta.json", {"backbone": backbone.cache_key(), "views": n_views,
+        write_json_atomic(root / "meta.json", {"backbone": backbone.cache_key(), "views": n_views, **decode_key(draft),
                                                "transform": transform_id, "n_images": n, "dim": dim})
     failed_path = root / "failed.json"
     failed = {int(k): v for k, v in json.loads(failed_path.read_text()).items()} if failed_path.exists() else {}
@@ -148,15 +118,10 @@ def extract_features(
             log.info("resuming feature extraction: %d of %d images left", len(todo), n)
         device = torch.device(device)
         backbone.to(device).eval()
-        if workers is None:
-            workers = 1 if (os.cpu_count() or 1) > 1 and len(todo) > batch_size else 0
-        loader = torch.utils.data.DataLoader(
-            _ImageViews(paths, todo, backbone.preprocess, n_views, transform),
-            batch_size=max(1, batch_size // n_views), num_workers=workers, collate_fn=_collate,
-            persistent_workers=False, prefetch_factor=4 if workers else None,
-        )
+        batches = decoded_batches(paths, todo, backbone.preprocess, n_views=n_views, batch_size=batch_size,
+                                  workers=workers, transform=transform, draft=draft)
         bar = progress(n, initial=n - len(todo), desc=desc, unit="img", disable=not show_progress)
-        for idx, x, bad in loader:
+        for idx, x, bad in batches:
             if x is not None:
                 out = backbone.extract(x.to(device)).reshape(len(idx), n_views, -1)
                 feats[idx] = out.cpu().numpy().astype(np.float16)
@@ -205,9 +170,9 @@ def load_precomputed(path: str | Path, image_ids: Sequence[int], filenames: Sequ
 
 
 def lookup_features(backbone: Backbone, paths: Sequence[Path], *, cache_dir: str | Path = "", n_views: int = 1,
-                    transform_id: str = "") -> FeatureStore | None:
+                    transform_id: str = "", draft: bool = False) -> FeatureStore | None:
     """The cached features for exactly these paths if extraction finished, else None (no work done)."""
-    key = cache_key(backbone.cache_key(), [Path(p) for p in paths], n_views, transform_id)
+    key = cache_key(backbone.cache_key(), [Path(p) for p in paths], n_views, transform_id, draft)
     root = default_cache_dir(str(cache_dir)) / "features" / key
     if not (root / "status.npy").is_file():
         return None

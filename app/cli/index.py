@@ -18,8 +18,20 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--images-root", help="folder the dataset's image paths are relative to")
     p.add_argument("--images-dir", help="corpus: a folder of images (no ground truth)")
     p.add_argument("--captions-file", help="corpus: a text file, one caption per line (no ground truth)")
-    p.add_argument("--factory", default="Flat", help="FAISS factory string: Flat (exact, default), HNSW32, IVF1024,PQ32 …")
+    p.add_argument("--factory", default="Flat",
+                   help="FAISS factory string: Flat (exact, default), HNSW32, IVF1024,PQ32 …, or auto: exact up to "
+                        "200,000 vectors, IVF-PQ re-ranked on the exact vectors above (indexer/ann.py)")
+    p.add_argument("--runtime", default=None, choices=("auto", "torch", "compile", "onnxruntime", "openvino"),
+                   help="image encoder runtime (default LTD_IMAGE_RUNTIME or auto: OpenVINO, then ONNX Runtime when "
+                        "installed, extra [fast]; else torch)")
     p.add_argument("--shortcuts", default="none", help="evaluate with SVL shortcuts: none | unique | bits:N …")
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="local: embed in this process; ray: an actor pool on a Ray cluster (extra [ray]); a killed "
+                        "Ray run resumes from its finished shards")
+    p.add_argument("--address", help="--engine ray: an existing cluster (HOST:PORT or 'auto'); default: start a local one")
+    p.add_argument("--workers", type=int, default=1, help="--engine ray: actors, one model each (default 1)")
+    p.add_argument("--shard-size", type=int, default=256, help="--engine ray: items per shard (default 256)")
+    p.add_argument("--shards", help="--engine ray: folder for the embedding shards (default OUT.shards)")
     p.add_argument("--append", action="store_true", help="corpus: add the items to an existing index directory")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index directory")
     p.add_argument("--device", default="cpu")
@@ -77,16 +89,26 @@ def cmd_index(args: argparse.Namespace) -> int:
     from indexer.build import append_corpus, build_corpus_index, build_dataset_index
 
     progress = not args.no_progress
+    ray = None
+    if args.engine == "ray":
+        if mode == "append":
+            raise ValueError("--append runs on the local engine only (drop --engine ray)")
+        from indexer.ray_engine import RayOptions
+
+        out = Path(args.out)
+        ray = RayOptions(address=args.address, workers=args.workers, shard_size=args.shard_size,
+                         shard_dir=Path(args.shards) if args.shards else out.with_name(out.name + ".shards"))
     if mode == "append":
         ix = append_corpus(args.out, args.checkpoint, images_dir=args.images_dir, captions_file=args.captions_file,
-                           show_progress=progress, device=args.device)
+                           show_progress=progress, device=args.device, runtime=args.runtime)
     elif mode == "corpus":
         ix = build_corpus_index(args.checkpoint, args.out, images_dir=args.images_dir, captions_file=args.captions_file,
-                                factory=args.factory, overwrite=args.overwrite, show_progress=progress, device=args.device)
+                                factory=args.factory, overwrite=args.overwrite, show_progress=progress, device=args.device,
+                                runtime=args.runtime, ray=ray)
     else:
         ix = build_dataset_index(args.checkpoint, args.dataset, args.split, args.out, factory=args.factory,
                                  images_root=args.images_root, shortcuts=args.shortcuts, overwrite=args.overwrite,
-                                 show_progress=progress, device=args.device)
+                                 show_progress=progress, device=args.device, runtime=args.runtime, ray=ray)
     m = ix.manifest
     print(json.dumps({"index": str(ix.path), "images": m["counts"]["images"], "captions": m["counts"]["captions"],
                       "skipped": len(m.get("skipped", [])), "factory": m["factory"]}))

@@ -10,7 +10,8 @@
 - ``precomputed``: no CNN; features are read from a file by the feature cache.
 
 ``extract`` is the fast frozen path (BN folded, channels-last, bf16 on CPUs with native bf16,
-autocast on CUDA); ``forward`` is the trainable path used after unfreezing.
+autocast on CUDA), run by the inference runtime chosen in ``runtimes.py`` (``set_runtime``; default
+``LTD_IMAGE_RUNTIME`` or ``auto``); ``forward`` is the trainable path used after unfreezing.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 from training.data.images import Preprocess
+from training.models.runtimes import ImageRuntime, RuntimeUnavailable, Tap, requested_runtime, resolve_runtime
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +116,8 @@ class EfficientNetLite0(Backbone):
         self.weights_id = f"{Path(path).name}:{file_sha256(path)[:16]}"
         self.preprocess = Preprocess(size=image_size, resize=resize or image_size, mean=(0.5,) * 3, std=(0.5,) * 3)
         self._fused = None
+        self.runtime = requested_runtime()
+        self._runners: dict = {}  # device → ImageRuntime (plain dict: never saved or trained)
         dims = [32] + [b._block_args.output_filters for b in self.net._blocks] + [1280]
         if features not in ("pooled", "fne", "grid"):
             raise BackboneError(f"efficientnet_lite0 features must be pooled, fne or grid, got {features!r}")
@@ -128,20 +132,35 @@ class EfficientNetLite0(Backbone):
             object.__setattr__(self, "_fused", FusedEfficientNetLite(self.net).to(memory_format=torch.channels_last))
         return self._fused
 
+    def set_runtime(self, name: str | None) -> None:
+        """Run ``extract`` with this runtime (``runtimes.RUNTIMES``); None → ``LTD_IMAGE_RUNTIME`` or auto."""
+        resolve_runtime(requested_runtime(name), torch.device("cpu"), False)  # an unknown name fails here
+        self.runtime, self._runners = requested_runtime(name), {}
+
+    def image_runtime(self, device: torch.device) -> ImageRuntime:
+        """The runner ``extract`` uses on ``device`` (built once; ``auto`` falls back to torch on failure)."""
+        key = str(device)
+        if key not in self._runners:
+            name = resolve_runtime(self.runtime, device, self._use_bf16_cpu())
+            tap = Tap(self.fused(), self.features)
+            try:
+                runner = ImageRuntime(name, tap, self.preprocess.size, device, self._autocast(device))
+            except Exception as e:
+                if self.runtime != "auto" or name == "torch":
+                    raise RuntimeUnavailable(f"image runtime {name} failed to start: {type(e).__name__}: {e}") from e
+                log.warning("image runtime %s failed to start (%s); using torch", name, e)
+                runner = ImageRuntime("torch", tap, self.preprocess.size, device, self._autocast(device))
+            self._runners[key] = runner
+        return self._runners[key]
+
     @torch.no_grad()
     def extract(self, images: torch.Tensor) -> torch.Tensor:
-        f = self.fused()
-        dev = images.device
-        f.to(dev)
-        x = images.contiguous(memory_format=torch.channels_last)
-        with self._autocast(dev):
-            out = {"fne": f.forward_all, "grid": f.forward_grid}.get(self.features, f)(x)
-        return out.float()
+        return self.image_runtime(images.device)(images)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if self.features == "fne":
             raise BackboneError("FNE features are only available from a frozen backbone")
-        self._fused = None  # weights change while training; rebuild the fused copy afterwards
+        self._fused, self._runners = None, {}  # weights change while training; rebuild the fused copy afterwards
         fmap = self.net.extract_features(images)
         return fmap.permute(0, 2, 3, 1).flatten(1) if self.features == "grid" else fmap.mean((2, 3))
 

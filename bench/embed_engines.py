@@ -1,0 +1,200 @@
+"""Image embedding speed per inference runtime, against the FLOP-bound ceiling measured in the same run.
+
+    python bench/embed_engines.py [--images 256] [--runtime torch --runtime openvino …] [--compile]
+                                  [--device cuda] [--write]
+
+1. COCO-sized test JPEGs (640×480, quality 90, photo-like: smooth colour fields plus grain), written
+   to a temp folder;
+2. the ceiling: EfficientNet-Lite0 FLOPs per image against the best fp32 matmul rate, measured at the
+   start and at the end of the run (the higher one is used: the ratio is then conservative);
+3. per runtime: the CNN alone (batch 32, best of 3) and end to end from the JPEG files through the
+   feature cache (decode in a worker process overlapped with inference), plus draft-mode decoding
+   and two decoding workers for the fastest runtime; cosine of every runtime's features to torch's;
+4. caption encoding (bi-GRU at the presets' sizes), to say whether it can keep up with the images.
+With ``--device cuda`` (a GPU machine) the torch runtime is measured on the GPU (fp16 autocast) and
+written to its own section. ``uptime``'s 1-minute load is recorded next to every number.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench._common import replace_section  # noqa: E402
+from bench._machine import best_of, effnet_gflops, load1, machine_line, matmul_gflops, today  # noqa: E402
+
+SECTION = "## Image embedding engines (bench/embed_engines.py)"
+GPU_SECTION = "## Image embedding engines on a GPU (bench/embed_engines.py --device cuda)"
+
+
+def make_jpegs(folder: Path, n: int, size=(640, 480), seed: int = 0) -> list[Path]:
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        low = Image.fromarray((rng.random((12, 16, 3)) * 255).astype(np.uint8)).resize(size, Image.BICUBIC)
+        arr = np.asarray(low, dtype=np.float32) + rng.normal(0, 10, (size[1], size[0], 3))
+        p = folder / f"img{i:06d}.jpg"
+        Image.fromarray(arr.clip(0, 255).astype(np.uint8)).save(p, quality=90)
+        out.append(p)
+    return out
+
+
+def cnn_only(runtime: str, device: str, batch: int = 32) -> tuple[float, torch.Tensor]:
+    from training.models.backbones import EfficientNetLite0
+
+    bb = EfficientNetLite0("pooled", 224)
+    bb.set_runtime(runtime)
+    x = (torch.rand(batch, 3, 224, 224, generator=torch.Generator().manual_seed(0)) * 2 - 1).to(device)
+
+    def run():
+        bb.extract(x)
+        if device != "cpu":
+            torch.cuda.synchronize()
+    rate = batch / best_of(run, 3)
+    return rate, bb.extract(x).cpu()
+
+
+def end_to_end(runtime: str, paths: list[Path], device: str, *, workers: int | None = None,
+               draft: bool = False) -> tuple[float, np.ndarray]:
+    from training.features import extract_features
+    from training.models.backbones import EfficientNetLite0
+
+    bb = EfficientNetLite0("pooled", 224)
+    bb.set_runtime(runtime)
+    bb.image_runtime(torch.device(device))  # export / compile before the clock starts
+    with tempfile.TemporaryDirectory() as cache:
+        t = time.perf_counter()
+        store = extract_features(bb, paths, cache_dir=cache, show_progress=False, device=device, workers=workers,
+                                 draft=draft, batch_size=32)
+        dt = time.perf_counter() - t
+        feats = store.tensor()[:, 0].numpy()
+    return len(paths) / dt, feats
+
+
+def cosine_min(a, b) -> float:
+    a, b = torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32)
+    return float(torch.nn.functional.cosine_similarity(a, b, dim=1).min())
+
+
+def captions_per_s(hidden: int, n: int = 5000) -> float:
+    from training.data.vocab import SPECIALS, Vocab
+    from training.models.text_encoder import GRUTextEncoder
+
+    words = [f"w{i}" for i in range(8000)]
+    enc = GRUTextEncoder(Vocab(list(SPECIALS) + words), 50, hidden, 1024, head_hidden=2048).eval()
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(words, int(rng.integers(8, 16)))) for _ in range(n)]
+
+    def run():
+        with torch.no_grad():
+            for i in range(0, n, 512):
+                enc(enc.prepare(texts[i : i + 512]))
+    return n / best_of(run, 2)
+
+
+def measure(args, paths: list[Path]) -> dict:
+    from training.models.backbones import cpu_bf16_fast
+    from training.models.runtimes import installed
+
+    dev = args.device
+    res = {"machine": machine_line(), "date": today(), "images": len(paths), "device": dev,
+           "bf16_native": cpu_bf16_fast(), "command": "python bench/embed_engines.py " + " ".join(args.argv)}
+    res["gflops_per_image"] = effnet_gflops(224)
+    # on a GPU the torch runtime runs fp16 autocast, so its ceiling is the fp16 matmul rate
+    mm_dtype = torch.float16 if dev != "cpu" else torch.float32
+    res["precision"] = "fp16 autocast" if dev != "cpu" else "fp32"
+    peaks = [matmul_gflops(device=dev, dtype=mm_dtype)]
+    runtimes = args.runtime or (["torch"] if dev != "cpu" else
+                                [r for r in ("torch", "onnxruntime", "openvino") if installed(r)])
+    if args.compile and dev == "cpu":
+        runtimes.append("compile")
+    rows, ref = [], None
+    for rt in runtimes:
+        t0 = time.perf_counter()
+        load = load1()
+        cnn, out = cnn_only(rt, dev)
+        ref = out if ref is None else ref
+        e2e, feats = end_to_end(rt, paths, dev)
+        rows.append({"runtime": rt, "cnn_img_s": cnn, "e2e_img_s": e2e, "load1": load, "cos_to_torch": cosine_min(out, ref),
+                     "setup_and_run_s": time.perf_counter() - t0, "feats": feats})
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "feats"}), flush=True)
+    best = max(rows, key=lambda r: r["e2e_img_s"])
+    extra = []
+    for label, kw in (("draft decoding", {"draft": True}), ("2 decoding workers", {"workers": 2}),
+                      ("decoding in the main process", {"workers": 0})):
+        load = load1()
+        rate, feats = end_to_end(best["runtime"], paths, dev, **kw)
+        extra.append({"runtime": best["runtime"], "variant": label, "e2e_img_s": rate, "load1": load,
+                      "cos_to_full_decode": cosine_min(feats, best["feats"])})
+        print(json.dumps(extra[-1]), flush=True)
+    peaks.append(matmul_gflops(device=dev, dtype=mm_dtype))
+    res.update(matmul_gflops=peaks, ceiling_img_s=max(peaks) / res["gflops_per_image"],
+               rows=[{k: v for k, v in r.items() if k != "feats"} for r in rows], variants=extra)
+    if dev == "cpu":
+        res["captions"] = {h: {"captions_s": captions_per_s(h), "load1": load1()} for h in (256, 512)}
+    res["load1_end"] = load1()
+    return res
+
+
+def render(res: dict) -> str:
+    ceil = res["ceiling_img_s"]
+    sec = GPU_SECTION if res["device"] != "cpu" else SECTION
+    bf16 = ("this CPU has native bf16, so `auto` runs torch's bf16 path (its own cache entry)" if res["bf16_native"]
+            else "this CPU has no native bf16 (no AVX-512 BF16 / AMX), so only fp32 could be measured here")
+    lines = [sec, "", f"Machine: {res['machine']}. Date: {res['date']}. Command: `{res['command']}`.", "",
+             f"{res['images']} COCO-sized JPEGs (640×480, quality 90), EfficientNet-Lite0 pooled features at 224 px, "
+             f"{res['precision']} ({bf16}). Ceiling: {res['gflops_per_image']:.2f} GFLOP per image against the best "
+             f"{'fp16' if res['device'] != 'cpu' else 'fp32'} matmul rate "
+             f"({' / '.join(f'{p:.0f}' for p in res['matmul_gflops'])} GFLOP/s at the start / end of the run) = "
+             f"**{ceil:.0f} images/s**. End to end = JPEG decode (one worker process, overlapped) + resize/crop + CNN "
+             "through the feature cache, batch 32. Load = `uptime`'s 1-minute load average when the row started (2 cores).",
+             "", "| runtime | CNN alone (img/s) | % of ceiling | end to end (img/s) | % of ceiling | min cosine to torch | load |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        lines.append(f"| {r['runtime']} | {r['cnn_img_s']:.1f} | {100 * r['cnn_img_s'] / ceil:.0f} % | {r['e2e_img_s']:.1f} | "
+                     f"{100 * r['e2e_img_s'] / ceil:.0f} % | {r['cos_to_torch']:.7f} | {r['load1']:.1f} |")
+    lines += ["", "| variant (fastest runtime) | end to end (img/s) | % of ceiling | min cosine to full decoding | load |",
+              "|---|---:|---:|---:|---:|"]
+    for v in res["variants"]:
+        lines.append(f"| {v['runtime']}, {v['variant']} | {v['e2e_img_s']:.1f} | {100 * v['e2e_img_s'] / ceil:.0f} % | "
+                     f"{v['cos_to_full_decode']:.5f} | {v['load1']:.1f} |")
+    if "captions" in res:
+        caps = ", ".join(f"hidden {h}: {c['captions_s']:.0f} captions/s (load {c['load1']:.1f})" for h, c in res["captions"].items())
+        lines += ["", f"Caption encoding (bi-GRU, batch 512, 50-d words, 1024-d embedding, random weights): {caps}."]
+    lines += ["", f"Load at the end of the run: {res['load1_end']:.1f}.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--images", type=int, default=256)
+    p.add_argument("--runtime", action="append", default=[], help="measure only these (default: every installed one)")
+    p.add_argument("--compile", action="store_true", help="also torch.compile (slow to compile on 2 cores)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--write", action="store_true")
+    args = p.parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = make_jpegs(Path(tmp) / "jpegs", args.images)
+        res = measure(args, paths)
+    print(json.dumps(res, indent=2, default=float))
+    text = render(res)
+    print(text)
+    if args.write:
+        replace_section(GPU_SECTION if args.device != "cpu" else SECTION, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Distributed embedding on Ray (extra ``[ray]``): ``ltd index --engine ray [--address HOST:PORT]``.
+
+The corpus becomes a Ray Dataset with one row per shard (its kind, number and items: image paths or
+caption texts). ``map_batches`` sends the rows to a pool of ``workers`` actors, each of which loads
+the checkpoint's model once and, per row, embeds the items (images decoded in a worker process
+beside the CNN, as locally) and writes the shard file (``indexer/shards.py``: whole or absent). The
+driver then reads the shards back in item order and the index is built from them as on the local
+engine. Shards already on disk are not sent again, so a killed run resumes where it stopped.
+
+Without ``address`` the command starts a local Ray cluster on this machine and stops it at the end;
+with one it joins an existing cluster (README: "Indexing on a Ray cluster"), whose nodes need this
+package installed and the image files at the same paths (a shared file system).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from indexer import shards as sh
+from training.progress import progress
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RayOptions:
+    address: str | None = None  # None: start a local cluster
+    workers: int = 1  # actors (one model each)
+    shard_size: int = 256
+    shard_dir: Path | None = None  # default: next to the index directory, OUT.shards
+    threads: int | None = None  # torch threads per actor; default cores / workers on a local cluster, else 1
+
+
+class _Embedder:
+    """One Ray actor: the model loaded once, then one shard per call."""
+
+    def __init__(self, checkpoint: str, folder: str, device: str, runtime: str | None, threads: int):
+        import torch
+
+        from indexer.build import load_model
+
+        torch.set_num_threads(threads)
+        self.lm = load_model(checkpoint, device, runtime)
+        self.folder = Path(folder)
+
+    def __call__(self, batch: dict) -> dict:
+        from indexer.embed import embed_captions, embed_image_files
+
+        names, counts = [], []
+        for kind, index, start, stop, items in zip(batch["kind"], batch["index"], batch["start"], batch["stop"],
+                                                   batch["items"]):
+            shard = sh.Shard(str(kind), int(index), int(start), int(stop))
+            items = [str(x) for x in items]
+            positions = np.arange(shard.start, shard.stop)
+            if shard.kind == "images":
+                vecs, failed = embed_image_files(self.lm.model, items)
+                ok = np.array([p for k, p in enumerate(positions) if k not in failed], np.int64)
+                sh.write_shard(self.folder, shard, ok, vecs, {int(positions[k]): r for k, r in failed.items()})
+            else:
+                sh.write_shard(self.folder, shard, positions, embed_captions(self.lm.model, items))
+            names.append(shard.name)
+            counts.append(len(items))
+        return {"name": np.array(names), "n": np.array(counts)}
+
+
+def _run(todo: list[sh.Shard], items: dict[str, list[str]], folder: Path, checkpoint: Path, opts: RayOptions,
+         device: str, runtime: str | None, show_progress: bool) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("--engine ray needs Ray: pip install 'ltd-retrieval[ray]'") from None
+    cores = os.cpu_count() or 1
+    threads = opts.threads or (max(1, cores // opts.workers) if opts.address is None else 1)
+    started = not ray.is_initialized()
+    if started:
+        kw = {} if opts.address else {"num_cpus": max(cores, opts.workers * threads) + 1,
+                                      "object_store_memory": 300 * 2**20, "include_dashboard": False}
+        ray.init(address=opts.address, log_to_driver=False, logging_level=logging.WARNING, **kw)
+    try:
+        rows = [{"kind": s.kind, "index": s.index, "start": s.start, "stop": s.stop,
+                 "items": items[s.kind][s.start : s.stop]} for s in todo]
+        ds = ray.data.from_items(rows, override_num_blocks=len(rows))
+        out = ds.map_batches(_Embedder, batch_size=1, concurrency=opts.workers, num_cpus=threads,
+                             fn_constructor_kwargs={"checkpoint": str(checkpoint), "folder": str(folder),
+                                                    "device": device, "runtime": runtime, "threads": threads})
+        total = sum(s.stop - s.start for s in todo)
+        with progress(total, desc=f"embedding on Ray ({opts.workers} workers)", unit="item",
+                      disable=not show_progress) as bar:
+            for row in out.iter_rows():
+                bar.update(int(row["n"]))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def ray_embed(checkpoint: str | Path, checkpoint_sha256: str, image_paths: list[Path], texts: list[str], dim: int,
+              opts: RayOptions, *, device: str = "cpu", runtime: str | None = None,
+              show_progress: bool = True) -> tuple[np.ndarray, dict[int, str], np.ndarray]:
+    """(image vectors of the readable images in order, {position: reason} of the others, caption vectors)."""
+    items = {"images": [str(Path(p).resolve()) for p in image_paths], "captions": list(texts)}
+    plan = {"checkpoint_sha256": checkpoint_sha256, "shard_size": opts.shard_size, "runtime": runtime or "",
+            **{f"{k}_digest": sh.items_digest(v) for k, v in items.items()},
+            **{f"{k}_count": len(v) for k, v in items.items()}}
+    folder = sh.open_shard_dir(opts.shard_dir, plan)
+    shards = sh.plan_shards({k: len(v) for k, v in items.items()}, opts.shard_size)
+    finished = sh.done(folder, shards)
+    todo = [s for s in shards if s.name not in finished]
+    if finished:
+        log.info("resuming from %s: %d of %d shards already embedded", folder, len(finished), len(shards))
+    if todo:
+        _run(todo, items, folder, Path(checkpoint), opts, device, runtime, show_progress)
+    missing = [s.name for s in shards if not (folder / s.name).is_file()]
+    if missing:
+        raise RuntimeError(f"the Ray run finished without shards {', '.join(missing[:3])}…; run the command again")
+    ids, img, failed = sh.read_shards(folder, shards, "images", dim)
+    order = np.argsort(ids, kind="stable")
+    _, txt, _ = sh.read_shards(folder, shards, "captions", dim)
+    return img[order], failed, txt
+
+
+def remove_shards(opts: RayOptions) -> None:
+    """After the index is committed the shards are no longer needed."""
+    import shutil
+
+    if opts.shard_dir is not None and (Path(opts.shard_dir) / "plan.json").is_file():
+        shutil.rmtree(opts.shard_dir, ignore_errors=True)

@@ -1,0 +1,125 @@
+"""Distributed embedding on Ray: shards are whole or absent and tied to their plan, the Ray engine
+gives the local engine's embeddings and report on the same data, and a killed run resumes from the
+shards it finished (a real SIGKILL of a real `ltd index --engine ray`)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from indexer import shards as sh
+
+ROOT = Path(__file__).resolve().parents[1]
+ray_installed = pytest.mark.skipif(__import__("importlib").util.find_spec("ray") is None,
+                                   reason="Ray is not installed (extra [ray])")
+
+
+def test_shards_are_planned_written_whole_and_tied_to_their_plan(tmp_path):
+    shards = sh.plan_shards({"images": 5, "captions": 3}, 2)
+    assert [(s.kind, s.start, s.stop) for s in shards] == [("images", 0, 2), ("images", 2, 4), ("images", 4, 5),
+                                                          ("captions", 0, 2), ("captions", 2, 3)]
+    folder = sh.open_shard_dir(tmp_path / "s", {"plan": 1})
+    sh.write_shard(folder, shards[1], np.array([2]), np.ones((1, 4)), {3: "corrupt"})
+    sh.write_shard(folder, shards[0], np.array([0, 1]), np.zeros((2, 4)))
+    assert sh.done(folder, shards) == {shards[0].name, shards[1].name}
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporaries left
+    ids, vecs, failed = sh.read_shards(folder, shards[:2], "images", 4)
+    assert ids.tolist() == [0, 1, 2] and vecs.shape == (3, 4) and failed == {3: "corrupt"}
+    assert sh.open_shard_dir(tmp_path / "s", {"plan": 1}) and sh.done(folder, shards)  # same plan: kept
+    sh.open_shard_dir(tmp_path / "s", {"plan": 2})  # another checkpoint or corpus: afresh
+    assert sh.done(folder, shards) == set()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not a shard folder"):
+        sh.open_shard_dir(tmp_path / "other", {"plan": 1})
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny trained checkpoint and the synthetic dataset it was trained on."""
+    from app.pipeline import train_run
+    from tests.conftest import tiny_config
+    from training.prepare import resolve_dataset_path
+
+    root = tmp_path_factory.mktemp("ray_model")
+    res = train_run(tiny_config("none", ["train.epochs=1"]), root / "run", show_progress=False)
+    return res.run_dir / "best.pt", Path(resolve_dataset_path("", synthetic_images=60))
+
+
+@pytest.mark.slow
+@ray_installed
+def test_ray_and_local_engines_give_the_same_embeddings_and_report(trained, tmp_path):
+    from indexer.build import build_dataset_index
+    from indexer.evaluate import evaluate_index
+    from indexer.ray_engine import RayOptions
+
+    ckpt, dataset = trained
+    local = build_dataset_index(ckpt, dataset, "test", tmp_path / "local", show_progress=False)
+    opts = RayOptions(workers=2, shard_size=8, shard_dir=tmp_path / "shards")
+    dist = build_dataset_index(ckpt, dataset, "test", tmp_path / "ray", show_progress=False, ray=opts)
+    assert not (tmp_path / "shards").exists()  # removed once the index is committed
+    assert dist.images.ids == local.images.ids and dist.captions.ids == local.captions.ids
+    cos = np.sum(np.asarray(dist.images.vectors) * np.asarray(local.images.vectors), axis=1)
+    assert cos.min() > 0.9999, cos.min()  # local reads float16 cached features, Ray embeds from the files
+    np.testing.assert_allclose(dist.captions.vectors, local.captions.vectors, atol=1e-5)
+    keys = [k for k in evaluate_index(local, relevance=None, show_progress=False) if k != "meta"]
+    a = evaluate_index(local, relevance=None, show_progress=False)
+    b = evaluate_index(dist, relevance=None, show_progress=False)
+    assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
+
+
+def _corpus(dataset: Path, tmp_path: Path) -> tuple[Path, Path]:
+    import json
+
+    d = json.loads(dataset.read_text())
+    captions = tmp_path / "captions.txt"
+    captions.write_text("\n".join(s["raw"] for im in d["images"] for s in im["sentences"]))
+    return dataset.parent / "images", captions
+
+
+@pytest.mark.slow
+@ray_installed
+def test_a_killed_ray_run_resumes_from_its_finished_shards(trained, tmp_path):
+    from indexer.build import build_corpus_index
+    from indexer.ray_engine import RayOptions
+
+    ckpt, dataset = trained
+    images, captions = _corpus(dataset, tmp_path)
+    out, shards = tmp_path / "ix", tmp_path / "ix.shards"
+    cmd = [sys.executable, "-m", "app.cli", "index", "--checkpoint", str(ckpt), "--out", str(out), "--images-dir",
+           str(images), "--captions-file", str(captions), "--engine", "ray", "--shard-size", "2", "--no-progress"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None and not list(shards.glob("*.npz")):
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert list(shards.glob("*.npz")), "no shard written within the time limit"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and what it started in its session
+        proc.wait(timeout=30)
+    before = {p.name: p.stat().st_mtime_ns for p in shards.glob("*.npz")}
+    plan = sh.plan_shards({"images": 60, "captions": 300}, 2)
+    assert 0 < len(before) < len(plan) and not out.exists()
+    opts = RayOptions(shard_size=2, shard_dir=shards)
+    import indexer.ray_engine as re_mod
+
+    sent = []
+    real_run = re_mod._run
+    re_mod._run = lambda todo, *a, **k: (sent.extend(todo), real_run(todo, *a, **k))[1]
+    try:
+        ix = build_corpus_index(ckpt, out, images_dir=images, captions_file=captions, show_progress=False, ray=opts)
+    finally:
+        re_mod._run = real_run
+    assert {s.name for s in sent}.isdisjoint(before) and len(sent) == len(plan) - len(before)
+    local = build_corpus_index(ckpt, tmp_path / "local", images_dir=images, captions_file=captions, show_progress=False)
+    assert ix.images.meta["filenames"] == local.images.meta["filenames"]
+    cos = np.sum(np.asarray(ix.images.vectors) * np.asarray(local.images.vectors), axis=1)
+    assert cos.min() > 0.99999
+    np.testing.assert_allclose(ix.captions.vectors, local.captions.vectors, atol=1e-5)

@@ -1,0 +1,119 @@
+"""Inference runtimes of the image encoder: every fp32 runtime gives the torch reference's features
+(pooled, FNE and grid) within the stated cosine tolerance, ``auto`` picks by what is installed, a
+runtime's export is cached by weights, and the feature cache is shared across fp32 runtimes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from training.features import extract_features, lookup_features
+from training.models import runtimes
+from training.models.backbones import EfficientNetLite0
+from training.models.runtimes import COSINE_TOLERANCE, RuntimeUnavailable, resolve_runtime
+
+FAST = [r for r in ("onnxruntime", "openvino") if runtimes.installed(r)]
+
+
+@pytest.fixture(scope="module")
+def images():
+    g = torch.Generator().manual_seed(0)
+    return (torch.rand(3, 3, 96, 96, generator=g) * 2 - 1)
+
+
+def _features(name: str, features: str, x: torch.Tensor) -> torch.Tensor:
+    bb = EfficientNetLite0(features, image_size=96)
+    bb.set_runtime(name)
+    return bb.extract(x)
+
+
+@pytest.mark.skipif(not FAST, reason="neither onnxruntime nor openvino is installed (extra [fast])")
+@pytest.mark.parametrize("features", ["pooled", "fne", "grid"])
+def test_fast_runtimes_match_the_torch_reference(features, images):
+    ref = _features("torch", features, images)
+    for name in FAST:
+        out = _features(name, features, images)
+        assert out.shape == ref.shape and out.dtype == torch.float32
+        cos = torch.nn.functional.cosine_similarity(out, ref, dim=1)
+        assert cos.min().item() >= COSINE_TOLERANCE, (name, cos.min().item())
+        # far below the float16 rounding of the feature cache (relative step 2**-11 ≈ 4.9e-4)
+        assert (out - ref).abs().max().item() <= 1e-4 * max(1.0, ref.abs().max().item()), name
+
+
+def test_auto_picks_the_fastest_installed_runtime(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(runtimes, "installed", lambda n: n in ("torch", "onnxruntime", "openvino"))
+    assert resolve_runtime("auto", cpu, False) == "openvino"
+    monkeypatch.setattr(runtimes, "installed", lambda n: n in ("torch", "onnxruntime"))
+    assert resolve_runtime("auto", cpu, False) == "onnxruntime"
+    monkeypatch.setattr(runtimes, "installed", lambda n: n == "torch")
+    assert resolve_runtime("auto", cpu, False) == "torch"
+    with pytest.raises(RuntimeUnavailable, match="not installed"):
+        resolve_runtime("openvino", cpu, False)
+    # bf16 CPUs and GPUs keep torch's reduced-precision path (its own cache key)
+    monkeypatch.setattr(runtimes, "installed", lambda n: True)
+    assert resolve_runtime("auto", cpu, True) == "torch"
+    assert resolve_runtime("auto", torch.device("cuda"), False) == "torch"
+
+
+def test_unknown_runtime_is_refused_by_name():
+    bb = EfficientNetLite0("pooled", image_size=64)
+    with pytest.raises(RuntimeUnavailable, match="unknown image runtime 'tensorrt'"):
+        bb.set_runtime("tensorrt")
+
+
+def test_env_variable_chooses_the_runtime(monkeypatch):
+    monkeypatch.setenv("LTD_IMAGE_RUNTIME", "torch")
+    bb = EfficientNetLite0("pooled", image_size=64)
+    assert bb.runtime == "torch" and bb.image_runtime(torch.device("cpu")).name == "torch"
+
+
+@pytest.mark.skipif(not FAST, reason="needs onnxruntime or openvino (extra [fast])")
+def test_export_is_cached_and_keyed_by_the_weights(tmp_path, monkeypatch):
+    monkeypatch.setenv("LTD_CACHE_DIR", str(tmp_path))
+    bb = EfficientNetLite0("pooled", image_size=64)
+    tap = runtimes.Tap(bb.fused(), "pooled")
+    p1 = runtimes.export_onnx(tap, 64)
+    stamp = p1.stat().st_mtime_ns
+    assert runtimes.export_onnx(runtimes.Tap(bb.fused(), "pooled"), 64) == p1 and p1.stat().st_mtime_ns == stamp
+    with torch.no_grad():
+        bb.fused().head.bias.add_(1.0)  # a fine-tuned backbone must not reuse the pretrained export
+    assert runtimes.export_onnx(runtimes.Tap(bb.fused(), "pooled"), 64) != p1
+    assert runtimes.export_onnx(runtimes.Tap(bb.fused(), "fne"), 64) not in (p1,)
+    assert not [p for p in (tmp_path / "engines").iterdir() if p.name.startswith(".")]  # no temporaries left
+
+
+@pytest.mark.skipif(not FAST, reason="needs onnxruntime or openvino (extra [fast])")
+def test_feature_cache_is_shared_across_fp32_runtimes(tmp_path):
+    paths = []
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        p = tmp_path / f"im{i}.jpg"
+        Image.fromarray((rng.random((80, 100, 3)) * 255).astype(np.uint8)).save(p)
+        paths.append(p)
+    ref_bb = EfficientNetLite0("pooled", image_size=64)
+    ref_bb.set_runtime("torch")
+    fast_bb = EfficientNetLite0("pooled", image_size=64)
+    fast_bb.set_runtime(FAST[0])
+    assert ref_bb.cache_key() == fast_bb.cache_key()
+    store = extract_features(fast_bb, paths, cache_dir=tmp_path / "c", workers=0, show_progress=False)
+    again = lookup_features(ref_bb, paths, cache_dir=tmp_path / "c")
+    assert again is not None and again.key == store.key
+    fresh = extract_features(ref_bb, paths, cache_dir=tmp_path / "other", workers=0, show_progress=False)
+    np.testing.assert_allclose(store.tensor().numpy(), fresh.tensor().numpy(), atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.skipif(not FAST, reason="needs onnxruntime or openvino (extra [fast])")
+def test_fast_runtimes_serve_concurrent_callers(images):
+    """The server encodes uploads from several threads at once: every caller gets its own answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for name in FAST:
+        bb = EfficientNetLite0("pooled", image_size=96)
+        bb.set_runtime(name)
+        want = [bb.extract(images[i : i + 1]) for i in range(3)]
+        with ThreadPoolExecutor(6) as pool:
+            got = list(pool.map(lambda i: bb.extract(images[i % 3 : i % 3 + 1]), range(12)))
+        for i, g in enumerate(got):
+            torch.testing.assert_close(g, want[i % 3], atol=1e-5, rtol=1e-5)

@@ -1,0 +1,79 @@
+"""JPEG decoding in worker processes, overlapped with inference: batches of preprocessed views.
+
+``decoded_batches`` yields ``(positions, tensor, failures)`` per batch while worker processes decode
+the next ones (a torch DataLoader with ``prefetch`` batches in flight per worker), so the CNN never
+waits for Pillow unless decoding is the slower of the two. ``draft=True`` lets a large JPEG decode
+at a reduced DCT scale (Pillow's draft mode, ``load_image(min_side=…)``) whose short side stays
+≥ the preprocessing's resize side; it changes the pixels the model sees slightly, so the feature
+cache keys it separately (``decode_key``).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from training.data.images import ImageError, Preprocess, load_image
+
+# (image index, view) -> view, applied to every view after cropping (synthetic shortcuts)
+ImageTransform = Callable[[int, Image.Image], Image.Image]
+
+
+def decode_key(draft: bool) -> dict:
+    """What the feature cache must add to its key for this decoding (nothing for full decoding, so
+    the keys written before draft decoding existed stay valid)."""
+    return {"decode": "draft"} if draft else {}
+
+
+class ImageViews(torch.utils.data.Dataset):
+    """Item i = (index, (V, 3, S, S) views or None, error) for ``paths[indices[i]]``."""
+
+    def __init__(self, paths: Sequence[Path], indices: Sequence[int], pre: Preprocess, n_views: int,
+                 transform: ImageTransform | None = None, draft: bool = False):
+        self.paths, self.indices, self.pre, self.n_views = paths, [int(i) for i in indices], pre, n_views
+        self.transform, self.min_side = transform, (pre.resize if draft else 0)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        idx = self.indices[i]
+        try:
+            views = self.pre.crops(load_image(self.paths[idx], min_side=self.min_side), self.n_views)
+        except ImageError as e:
+            return idx, None, str(e)
+        except Exception as e:  # a long run never dies on one odd file
+            return idx, None, f"{self.paths[idx]}: {type(e).__name__}: {e}"
+        if self.transform is not None:  # outside the try: a failing transform is a bug, not a bad file,
+            views = [self.transform(idx, v) for v in views]  # and must stop the run, not mark images failed
+        return idx, torch.stack([self.pre.to_tensor(v) for v in views]), ""
+
+
+def collate_views(items):
+    ok = [(i, t) for i, t, err in items if t is not None]
+    bad = [(i, err) for i, t, err in items if t is None]
+    idx = [i for i, _ in ok]
+    x = torch.cat([t for _, t in ok]) if ok else None
+    return idx, x, bad
+
+
+def default_workers(n_items: int, batch_size: int) -> int:
+    """One decoding process beside the inference threads when there is more than one batch and core:
+    on 2 cores a second decoder only takes time from the CNN (BENCHMARKS.md, "Image embedding engines")."""
+    return 1 if (os.cpu_count() or 1) > 1 and n_items > batch_size else 0
+
+
+def decoded_batches(paths: Sequence[Path], indices: Sequence[int], pre: Preprocess, *, n_views: int = 1,
+                    batch_size: int = 64, workers: int | None = None, transform: ImageTransform | None = None,
+                    draft: bool = False, prefetch: int = 4) -> Iterator[tuple[list[int], torch.Tensor | None, list]]:
+    """Batches of ``batch_size // n_views`` images: (indices decoded, (n·V, 3, S, S) tensor, [(index, reason)])."""
+    if workers is None:
+        workers = default_workers(len(indices), batch_size)
+    loader = torch.utils.data.DataLoader(
+        ImageViews(paths, indices, pre, n_views, transform, draft), batch_size=max(1, batch_size // n_views),
+        num_workers=workers, collate_fn=collate_views, persistent_workers=False,
+        prefetch_factor=prefetch if workers else None)
+    yield from loader

@@ -1,0 +1,165 @@
+"""Inference runtimes for the frozen EfficientNet-Lite0 feature extractor (pooled, FNE and grid taps).
+
+The fused torch module (``effnet_fused.py``) is the reference. Other runtimes run the same graph:
+
+- ``torch``: the fused module, channels-last (bf16 autocast on CPUs with native bf16, fp16 on CUDA);
+- ``compile``: the fused module through ``torch.compile`` (Inductor; needs a C++ compiler);
+- ``onnxruntime`` / ``openvino``: the fused module exported once to ONNX (cached under
+  ``CACHE/engines/``, keyed by a hash of the fused weights, the tap and the image size) and run by
+  ONNX Runtime or OpenVINO in fp32 (OpenVINO's precision hint is pinned to f32: on CPUs with bf16 it
+  would otherwise run bf16). Both are optional extras (``pip install '.[fast]'``).
+
+``auto`` picks, by measurement (BENCHMARKS.md, "Image embedding engines"): on CUDA or on a CPU with
+native bf16, ``torch`` (its reduced-precision path, cached under its own key); otherwise the first of
+``openvino``, ``onnxruntime``, ``torch`` that is installed. All fp32 runtimes agree with the torch
+reference to cosine ≥ 0.99999 (tests/test_runtimes.py), far below the float16 rounding of the feature
+cache, so they share its entries: the cache key carries the dtype, not the runtime.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+RUNTIMES = ("auto", "torch", "compile", "onnxruntime", "openvino")
+# cosine between any fp32 runtime's features and the torch reference (measured ≥ 0.9999998)
+COSINE_TOLERANCE = 0.99999
+ENV = "LTD_IMAGE_RUNTIME"
+
+
+class RuntimeUnavailable(RuntimeError):
+    """A runtime that was asked for by name but is not installed or cannot run here."""
+
+
+def installed(name: str) -> bool:
+    module = {"onnxruntime": "onnxruntime", "openvino": "openvino"}.get(name)
+    if module is None:
+        return name in ("torch", "compile")
+    return importlib.util.find_spec(module) is not None and importlib.util.find_spec("onnx") is not None
+
+
+def resolve_runtime(name: str, device: torch.device, reduced_precision: bool) -> str:
+    """The runtime ``name`` stands for on ``device``; ``auto`` → the fastest installed (module doc)."""
+    if name not in RUNTIMES:
+        raise RuntimeUnavailable(f"unknown image runtime {name!r}; choose one of: {', '.join(RUNTIMES)}")
+    if name == "auto":
+        if device.type != "cpu" or reduced_precision:
+            return "torch"
+        return next(r for r in ("openvino", "onnxruntime", "torch") if installed(r))
+    if name in ("onnxruntime", "openvino"):
+        if device.type != "cpu":
+            raise RuntimeUnavailable(f"runtime {name} runs on the CPU only; use --runtime torch on {device}")
+        if not installed(name):
+            raise RuntimeUnavailable(f"runtime {name} is not installed: pip install 'ltd-retrieval[fast]'")
+    return name
+
+
+class Tap(nn.Module):
+    """The fused network with one output: ``pooled``, ``fne`` (all taps) or ``grid``."""
+
+    def __init__(self, fused: nn.Module, features: str):
+        super().__init__()
+        self.fused, self.features = fused, features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.fused
+        return {"fne": f.forward_all, "grid": f.forward_grid}.get(self.features, f.forward)(x)
+
+
+def weights_digest(module: nn.Module) -> str:
+    """sha256 over the module's tensors: a fine-tuned backbone never reuses another's export."""
+    h = hashlib.sha256()
+    for k, v in module.state_dict().items():
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:20]
+
+
+def export_onnx(tap: Tap, image_size: int, cache_dir: str | Path = "") -> Path:
+    """The tap exported to ONNX (batch dimension dynamic), written once, atomically, into the cache."""
+    from training.features import default_cache_dir
+    from training.fsio import atomic_path
+
+    key = f"effnet_{tap.features}_{image_size}_{weights_digest(tap)}_torch{torch.__version__.split('+')[0]}"
+    path = default_cache_dir(str(cache_dir)) / "engines" / f"{key}.onnx"
+    if path.is_file():
+        return path
+    log.info("exporting the image encoder to ONNX (%s), once", path.name)
+    x = torch.zeros(1, 3, image_size, image_size)
+    import warnings
+    with atomic_path(path) as tmp, warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # tracer warnings about python ints: the padding is fixed per image size
+        torch.onnx.export(tap.eval(), (x,), str(tmp), input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}}, opset_version=17, dynamo=False)
+    return path
+
+
+def _threads() -> int:
+    return max(1, torch.get_num_threads())
+
+
+def _onnxruntime(path: Path) -> Callable[[np.ndarray], np.ndarray]:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = _threads(), 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return lambda x: sess.run(None, {"x": x})[0]
+
+
+def _openvino(path: Path) -> Callable[[np.ndarray], np.ndarray]:
+    import openvino as ov
+
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(str(path)), "CPU", {
+        "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": _threads(), "PERFORMANCE_HINT": "THROUGHPUT"})
+    out = compiled.output(0)
+    local = threading.local()  # an infer request serves one call at a time: one per thread (the server's pool)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        request = getattr(local, "request", None)
+        if request is None:
+            request = local.request = compiled.create_infer_request()
+        return np.array(request.infer({0: x})[out], copy=True)
+    return run
+
+
+class ImageRuntime:
+    """Runs one tap of the fused network with one runtime: ``(B, 3, S, S)`` float32 → ``(B, D)`` float32."""
+
+    def __init__(self, name: str, tap: Tap, image_size: int, device: torch.device, autocast, cache_dir: str | Path = ""):
+        self.name, self.device, self._autocast = name, device, autocast
+        self._tap = tap.to(device)
+        self._np: Callable[[np.ndarray], np.ndarray] | None = None
+        self._compiled = None
+        if name in ("onnxruntime", "openvino"):
+            path = export_onnx(tap, image_size, cache_dir)
+            self._np = _onnxruntime(path) if name == "onnxruntime" else _openvino(path)
+        elif name == "compile":
+            self._compiled = torch.compile(self._tap, dynamic=False)
+
+    @torch.no_grad()
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        if self._np is not None:
+            x = np.ascontiguousarray(images.detach().cpu().numpy(), dtype=np.float32)
+            return torch.from_numpy(self._np(x))
+        x = images.contiguous(memory_format=torch.channels_last)
+        with self._autocast:
+            out = (self._tap if self._compiled is None else self._compiled)(x)
+        return out.float()
+
+
+def requested_runtime(explicit: str | None = None) -> str:
+    """``explicit`` if given, else ``LTD_IMAGE_RUNTIME``, else ``auto``."""
+    return explicit or os.environ.get(ENV) or "auto"
