@@ -1,18 +1,20 @@
 """Typed run configuration: dataclasses loaded from YAML, overridable with ``--set a.b=c``.
 
-Sections are passed around separately (``cfg.model`` to the model builder, ``cfg.loss`` to the loss
-builder, …) rather than as one global bag. ``validate`` fails early with a message that names the
-key and the valid choices.
+Sections are passed around separately (``cfg.model`` to the model builder, …), not as one global
+bag. ``validate`` fails early with a message that names the key and the valid choices.
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from training.fsio import atomic_write_text
 
 
 class ConfigError(ValueError):
@@ -259,8 +261,6 @@ def describe_presets(kind: str = "train") -> list[tuple[str, str, str]]:
 
 def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
     """" (did you mean X?)" for the closest choice, or ""."""
-    import difflib
-
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -370,8 +370,7 @@ def validate_regions(m: ModelConfig) -> None:
          f"must be >= 1 and divide model.reasoning_dim={m.reasoning_dim}"),
         ("model.reasoning_ff", m.reasoning_ff >= 1, "must be >= 1"),
         ("model.reasoning_dropout", 0 <= m.reasoning_dropout < 1, "must be in [0, 1)"),
-        ("model.region_dim", m.region_dim >= 0, "must be >= 0 (0 = from the features)"),
-    ]
+        ("model.region_dim", m.region_dim >= 0, "must be >= 0 (0 = from the features)")]
     for key, ok, msg in checks:
         if not ok:
             raise ConfigError(f"{key}={getattr(m, key.split('.')[1])!r} {msg}")
@@ -386,9 +385,8 @@ def validate_regions(m: ModelConfig) -> None:
     if m.image_features == "fne":
         raise ConfigError(f"model.image_encoder={m.image_encoder} reads regions, not a full-network embedding: "
                           "model.image_features=fne does not apply")
-    if m.backbone == "precomputed":
-        pass  # region features from the file (training/regions.py)
-    elif m.backbone != "efficientnet_lite0" or m.image_features != "grid":
+    # precomputed: region features from the file (training/regions.py); else the packaged CNN's grid
+    if m.backbone != "precomputed" and (m.backbone != "efficientnet_lite0" or m.image_features != "grid"):
         raise ConfigError(f"model.image_encoder={m.image_encoder} reasons over regions: use the packaged CNN's grid "
                           "cells (model.backbone=efficientnet_lite0, model.image_features=grid) or precomputed region "
                           "features (model.backbone=precomputed, model.precomputed_path=...)")
@@ -399,6 +397,4 @@ def validate_regions(m: ModelConfig) -> None:
 
 def dump_config(cfg: Any, path: str | Path) -> None:
     """Any dataclass config tree → YAML (atomic)."""
-    from training.fsio import atomic_write_text
-
     atomic_write_text(path, yaml.safe_dump(asdict(cfg), sort_keys=False))
