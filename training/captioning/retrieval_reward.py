@@ -104,7 +104,7 @@ def load_judge(checkpoint: str | Path, dataset, caption_words: list[str], *, cac
         raise ValueError(f"{checkpoint}: a judge trained with synthetic shortcuts ({jcfg.data.shortcuts}) "
                          "scores the shortcut, not the caption; use one trained with data.shortcuts=none")
     backbone = getattr(model.image, "backbone", None)
-    store = image_features(jcfg, dataset, backbone, show_progress=show_progress, device=device)
+    store, _ = image_features(jcfg, dataset, backbone, show_progress=show_progress, device=device)
     feats = store.mean_view()
     with torch.no_grad():
         emb = torch.cat([model.encode_image_features(feats[i : i + 2048].to(model.device)).float().cpu()
