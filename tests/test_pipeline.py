@@ -20,11 +20,16 @@ def test_demo_no_serve_prints_table_and_reuses(tmp_path, capsys, monkeypatch):
         args += ["--set", s]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "| metric | bl | ltd | Δ (ltd − bl) |" in out and "| rsum |" in out
+    assert out.count("| metric | bl | ltd | Δ (ltd − bl) |") == 2 and "| rsum |" in out  # without, with the shortcut
+    assert "Test WITHOUT it" in out and "Test WITH the shortcut" in out and "In one sentence:" in out
     assert "Queries where the two models disagree most" in out
     root = tmp_path / "demo" / "synthetic"
     for n in ("bl", "ltd"):
         assert (root / "runs" / n / "best.pt").is_file()
+        assert yaml.safe_load((root / "runs" / n / "config.yaml").read_text())["data"]["shortcuts"] == "unique"
+        clean = json.loads((root / "indexes" / n / "manifest.json").read_text())
+        with_sc = json.loads((root / "indexes" / f"{n}_shortcut" / "manifest.json").read_text())
+        assert clean.get("shortcuts", "none") == "none" and with_sc["shortcuts"] == "unique"
         assert json.loads((root / "indexes" / n / "report.json").read_text())["meta"]["relevance"] == "rougeL"
     mtimes = {p: p.stat().st_mtime for p in root.rglob("*.pt")}
     assert main(args) == 0  # re-running reuses everything

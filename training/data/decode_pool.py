@@ -1,16 +1,23 @@
 """JPEG decoding in worker processes, overlapped with inference: batches of preprocessed views.
 
 ``decoded_batches`` yields ``(positions, tensor, failures)`` per batch while worker processes decode
-the next ones (a torch DataLoader with ``prefetch`` batches in flight per worker), so the CNN never
-waits for Pillow unless decoding is the slower of the two. ``draft=True`` lets a large JPEG decode
+the next ones (``prefetch`` batches in flight per worker), so the CNN never waits for Pillow unless
+decoding is the slower of the two. The workers come from a fork server, never from forking the caller
+(it may hold other libraries' threads and their locks), and through a process pool rather than a torch
+DataLoader: the DataLoader installs a Python SIGCHLD handler in the caller, and with OpenVINO, Ray and
+ONNX Runtime loaded beside it, the delivery of that signal killed the test process (SIGSEGV, si_code
+SI_KERNEL: the kernel failed to set up the handler's frame) when any later child exited. ``draft=True`` lets a large JPEG decode
 at a reduced DCT scale (Pillow's draft mode, ``load_image(min_side=…)``) whose short side stays
 ≥ the preprocessing's resize side; it changes the pixels the model sees slightly, so the feature
 cache keys it separately (``decode_key``).
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -66,14 +73,47 @@ def default_workers(n_items: int, batch_size: int) -> int:
     return 1 if (os.cpu_count() or 1) > 1 and n_items > batch_size else 0
 
 
+_WORKER_VIEWS: ImageViews | None = None  # the dataset a pool worker decodes from (set by its initializer)
+
+
+def _init_worker(views: ImageViews) -> None:
+    global _WORKER_VIEWS
+    torch.set_num_threads(1)
+    _WORKER_VIEWS = views
+
+
+def _decode_chunk(start: int, stop: int):
+    assert _WORKER_VIEWS is not None
+    idx, x, bad = collate_views([_WORKER_VIEWS[i] for i in range(start, stop)])
+    return idx, (x.numpy() if x is not None else None), bad  # numpy pickles as plain bytes
+
+
 def decoded_batches(paths: Sequence[Path], indices: Sequence[int], pre: Preprocess, *, n_views: int = 1,
                     batch_size: int = 64, workers: int | None = None, transform: ImageTransform | None = None,
                     draft: bool = False, prefetch: int = 4) -> Iterator[tuple[list[int], torch.Tensor | None, list]]:
     """Batches of ``batch_size // n_views`` images: (indices decoded, (n·V, 3, S, S) tensor, [(index, reason)])."""
     if workers is None:
         workers = default_workers(len(indices), batch_size)
-    loader = torch.utils.data.DataLoader(
-        ImageViews(paths, indices, pre, n_views, transform, draft), batch_size=max(1, batch_size // n_views),
-        num_workers=workers, collate_fn=collate_views, persistent_workers=False,
-        prefetch_factor=prefetch if workers else None)
-    yield from loader
+    views = ImageViews(paths, indices, pre, n_views, transform, draft)
+    per = max(1, batch_size // n_views)
+    chunks = [(i, min(i + per, len(views))) for i in range(0, len(views), per)]
+    if not workers:
+        for start, stop in chunks:
+            yield collate_views([views[i] for i in range(start, stop)])
+        return
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"),
+                               initializer=_init_worker, initargs=(views,))
+    try:
+        todo, pending = iter(chunks), deque()
+        for start, stop in todo:
+            pending.append(pool.submit(_decode_chunk, start, stop))
+            if len(pending) >= workers * prefetch:
+                break
+        while pending:
+            idx, x, bad = pending.popleft().result()
+            nxt = next(todo, None)
+            if nxt is not None:
+                pending.append(pool.submit(_decode_chunk, *nxt))
+            yield idx, (torch.from_numpy(x) if x is not None else None), bad
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
