@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from app.cli.serve import parse_models
 
-    index_dirs = parse_models(args.model)
+    index_dirs, _ = parse_models(args.model)
     target = args.target or list(index_dirs)[-1]
     if target not in index_dirs:
         p.error(f"--target {target} is not one of the --model names")
