@@ -81,8 +81,8 @@ def render(res: dict) -> str:
     lines = [SECTION, "", f"Machine: {res['machine']}. Date: {res['date']}. Command: `{res['command']}`. "
              f"Image runtime: {res['runtime']} (auto).", "",
              f"Corpus: {res['images']} COCO-sized JPEGs (640×480) + {res['captions']:,} captions, indexed with "
-             "`build_corpus_index` (Flat). Load = `uptime`'s 1-minute load average when the row started (2 cores, "
-             "shared with other jobs: every number here was taken under load).", "",
+             "`build_corpus_index` (Flat). Load = `uptime`'s 1-minute load average when the row started (2 cores; "
+             "above ~2 other jobs were running).", "",
              "| engine | wall (s) | images/s (whole run) | vs local | min cosine to local | load |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in res["runs"]:

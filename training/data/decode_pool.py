@@ -2,11 +2,13 @@
 
 ``decoded_batches`` yields ``(positions, tensor, failures)`` per batch while worker processes decode
 the next ones (``prefetch`` batches in flight per worker), so the CNN never waits for Pillow unless
-decoding is the slower of the two. The workers come from a fork server, never from forking the caller
-(it may hold other libraries' threads and their locks), and through a process pool rather than a torch
+decoding is the slower of the two. The workers are a forked process pool rather than a torch
 DataLoader: the DataLoader installs a Python SIGCHLD handler in the caller, and with OpenVINO, Ray and
 ONNX Runtime loaded beside it, the delivery of that signal killed the test process (SIGSEGV, si_code
-SI_KERNEL: the kernel failed to set up the handler's frame) when any later child exited. ``draft=True`` lets a large JPEG decode
+SI_KERNEL: the kernel failed to set up the handler's frame) when any later child exited. Forked, not
+started by a fork server: a fork server re-imports the caller's ``__main__`` (a user's unguarded script
+would run again) and takes seconds to start a pool, which the Ray engine does once per shard. The
+workers only decode with Pillow and use one torch thread. ``draft=True`` lets a large JPEG decode
 at a reduced DCT scale (Pillow's draft mode, ``load_image(min_side=…)``) whose short side stays
 ≥ the preprocessing's resize side; it changes the pixels the model sees slightly, so the feature
 cache keys it separately (``decode_key``).
@@ -101,8 +103,8 @@ def decoded_batches(paths: Sequence[Path], indices: Sequence[int], pre: Preproce
         for start, stop in chunks:
             yield collate_views([views[i] for i in range(start, stop)])
         return
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"),
-                               initializer=_init_worker, initargs=(views,))
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_init_worker,
+                               initargs=(views,))
     try:
         todo, pending = iter(chunks), deque()
         for start, stop in todo:
