@@ -92,8 +92,7 @@ def render(res: dict) -> str:
     over = 100 * (one / local - 1)
     lines += ["", f"- Ray overhead at 1 worker: **{over:+.0f} %** of the local wall time (target ≤ 15 %; local = the faster "
               f"of its two runs; negative: the Ray run was the faster). That includes starting and stopping a local Ray "
-              f"cluster, {fixed:.1f} s on its own, plus one model load and runtime compile per actor: fixed costs that "
-              "vanish on a corpus of COCO's size.",
+              f"cluster, {fixed:.1f} s on its own, plus one model load and runtime compile per actor.",
               f"- Scaling 1 → 2 workers on this 2-core machine: {one / two:.2f}× (each worker is a model and a decoding "
               "process; with 2 cores in all, one worker already uses both through its threads).", ""]
     return "\n".join(lines)
