@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 class RayOptions:
     address: str | None = None  # None: start a local cluster
     workers: int = 1  # actors (one model each)
-    shard_size: int = 256
+    shard_size: int = 1024  # each shard restarts the decode pipeline (~0.5 s); a kill loses at most one
     shard_dir: Path | None = None  # default: next to the index directory, OUT.shards
     threads: int | None = None  # torch threads per actor; default cores / workers on a local cluster, else 1
 
