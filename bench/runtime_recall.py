@@ -54,10 +54,9 @@ def run(args) -> dict:
 
 def render(res: dict) -> str:
     ref = res["rows"][0]
-    lines = [SECTION, "", f"Machine: {res['machine']}. Date: {res['date']}. Command: `{res['command']}` (checkpoint: a "
-             "flickr8k_ltd-family model with pooled EfficientNet-Lite0 features, seed 0). Each row indexes the 1,000 "
+    lines = [SECTION, "", f"Machine: {res['machine']}. Date: {res['date']}. Command: `{res['command']}`. Each row indexes the 1,000 "
              "test images and 5,000 captions from scratch (its own empty feature cache) with that runtime; wall time "
-             "includes model load, feature extraction and the index, under the load shown (2 shared cores).", "",
+             "includes model load, feature extraction and the index, under the load shown (2 cores).", "",
              "| runtime | " + " | ".join(KEYS) + " | same as torch | min cosine of image embeddings to torch | wall (s) | load |",
              "|---|" + "---:|" * (len(KEYS) + 4)]
     for r in res["rows"]:
