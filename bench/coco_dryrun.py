@@ -80,7 +80,7 @@ def render(res: dict, coco_img_s: float | None) -> str:
     total = res["synth_s"] + res["index_s"]
     lines = [SECTION, "", f"Machine: {res['machine']}. Date: {res['date']}. Command: `{res['command']}` (1-minute load: "
              f"{res['load1_start']:.1f} at the start, {res['load1_after_synth']:.1f} after generating, {res['load1_end']:.1f} at "
-             "the end; 2 cores shared with other jobs throughout, so these are times under load).", "",
+             "the end; 2 cores).", "",
              "| step | wall | rate |", "|---|---:|---:|",
              f"| `ltd data synth --images {res['images']:,}` (224 px JPEGs, 5 captions each) | {res['synth_s']:.0f} s | "
              f"{res['images'] / res['synth_s']:.0f} images/s |",
@@ -92,7 +92,7 @@ def render(res: dict, coco_img_s: float | None) -> str:
              f"Index: {json.dumps(res['manifest'].get('indexes'))}; {res['index_bytes'] / 2**20:.0f} MB on disk.", "",
              f"**Projected for real COCO** ({COCO_IMAGES:,} images, {COCO_CAPTIONS:,} captions) on this machine under the same "
              f"load: images {proj_img / 60:.0f} min at {coco_img_s or img_s:.1f} images/s"
-             + (" (the end-to-end rate for 640×480 JPEGs from the image-engines table, whose decoding costs more than these "
+             + (" (`--coco-img-s`: an end-to-end rate measured for 640×480 JPEGs, whose decoding costs more than these "
                 "224 px scenes)" if coco_img_s else "") +
              f", captions {COCO_CAPTIONS / cap_s / 60:.0f} min at {cap_s:.0f} captions/s, the rest scaled linearly with "
              f"the corpus ({rest * COCO_IMAGES / res['images'] / 60:.0f} min; the captions' IVF-PQ build is not in it: "
