@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ class _Embedder:
     """One Ray actor: the model loaded once, then one shard per call."""
 
     def __init__(self, checkpoint: str, folder: str, device: str, runtime: str | None, threads: int):
+        started = time.time()  # wall clock: the driver compares it with its own (exact on one machine)
         import torch
 
         from indexer.build import load_model
@@ -46,10 +48,12 @@ class _Embedder:
         torch.set_num_threads(threads)
         self.lm = load_model(checkpoint, device, runtime)
         self.folder = Path(folder)
+        self.init = (started, time.time())  # reported with the actor's first shard, then NaN
 
     def __call__(self, batch: dict) -> dict:
         from indexer.embed import embed_captions, embed_image_files
 
+        t0 = time.perf_counter()
         names, counts = [], []
         for kind, index, start, stop, items in zip(batch["kind"], batch["index"], batch["start"], batch["stop"],
                                                    batch["items"]):
@@ -64,7 +68,26 @@ class _Embedder:
                 sh.write_shard(self.folder, shard, positions, embed_captions(self.lm.model, items))
             names.append(shard.name)
             counts.append(len(items))
-        return {"name": np.array(names), "n": np.array(counts)}
+        init, self.init = self.init, (float("nan"), float("nan"))
+        pad = [float("nan")] * (len(names) - 1)
+        return {"name": np.array(names), "n": np.array(counts), "init_start": np.array([init[0], *pad]),
+                "init_end": np.array([init[1], *pad]), "work_s": np.array([time.perf_counter() - t0, *pad])}
+
+
+# Where the last run's time went (``ray_embed`` fills it; benchmarks and the log read it).
+last_timings: dict[str, float] = {}
+
+
+def _timings(t_start: float, t_end: float, rows: list[dict], workers: int) -> dict[str, float]:
+    """Split a Ray run's wall time: cluster start, until the first actor began loading (process start,
+    imports, scheduling), model load, embedding (per worker), and the rest (shard hand-offs, output)."""
+    starts = [r["init_start"] for r in rows if np.isfinite(r["init_start"])]
+    loads = [r["init_end"] - r["init_start"] for r in rows if np.isfinite(r["init_start"])]
+    work = float(np.nansum([r["work_s"] for r in rows]))
+    out = {"wall_s": t_end - t_start, "actor_start_s": (min(starts) - t_start) if starts else float("nan"),
+           "model_load_s": max(loads) if loads else float("nan"), "embedding_s": work / max(1, workers)}
+    out["other_s"] = out["wall_s"] - out["actor_start_s"] - out["model_load_s"] - out["embedding_s"]
+    return out
 
 
 def _run(todo: list[sh.Shard], items: dict[str, list[str]], folder: Path, checkpoint: Path, opts: RayOptions,
@@ -75,6 +98,7 @@ def _run(todo: list[sh.Shard], items: dict[str, list[str]], folder: Path, checkp
         raise RuntimeError("--engine ray needs Ray: pip install 'ltd-retrieval[ray]'") from None
     cores = os.cpu_count() or 1
     threads = opts.threads or (max(1, cores // opts.workers) if opts.address is None else 1)
+    t_start = time.time()
     started = not ray.is_initialized()
     if started:
         kw = {} if opts.address else {"num_cpus": max(cores, opts.workers * threads) + 1,
@@ -90,8 +114,15 @@ def _run(todo: list[sh.Shard], items: dict[str, list[str]], folder: Path, checkp
         total = sum(s.stop - s.start for s in todo)
         with progress(total, desc=f"embedding on Ray ({opts.workers} workers)", unit="item",
                       disable=not show_progress) as bar:
+            rows = []
             for row in out.iter_rows():
                 bar.update(int(row["n"]))
+                rows.append({k: float(row[k]) for k in ("init_start", "init_end", "work_s")})
+        last_timings.clear()
+        last_timings.update(_timings(t_start, time.time(), rows, opts.workers))
+        log.info("Ray run %.1f s: cluster + actors up after %.1f s, model load %.1f s, embedding %.1f s per worker, "
+                 "the rest %.1f s", *(last_timings[k] for k in ("wall_s", "actor_start_s", "model_load_s",
+                                                                 "embedding_s", "other_s")))
     finally:
         if started:
             ray.shutdown()

@@ -40,6 +40,18 @@ def test_shards_are_planned_written_whole_and_tied_to_their_plan(tmp_path):
         sh.open_shard_dir(tmp_path / "other", {"plan": 1})
 
 
+def test_ray_timings_split_the_wall_time_into_its_parts():
+    from indexer.ray_engine import _timings
+
+    nan = float("nan")
+    rows = [{"init_start": 102.0, "init_end": 105.0, "work_s": 10.0},  # first shard of actor 1
+            {"init_start": 103.0, "init_end": 107.0, "work_s": 12.0},  # first shard of actor 2
+            {"init_start": nan, "init_end": nan, "work_s": 8.0}]
+    t = _timings(100.0, 130.0, rows, workers=2)
+    assert t["wall_s"] == 30.0 and t["actor_start_s"] == 2.0 and t["model_load_s"] == 4.0
+    assert t["embedding_s"] == 15.0 and t["other_s"] == 9.0  # 30 - 2 - 4 - 30 / 2
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A tiny trained checkpoint and the synthetic dataset it was trained on."""
@@ -63,6 +75,9 @@ def test_ray_and_local_engines_give_the_same_embeddings_and_report(trained, tmp_
     local = build_dataset_index(ckpt, dataset, "test", tmp_path / "local", show_progress=False)
     opts = RayOptions(workers=2, shard_size=8, shard_dir=tmp_path / "shards")
     dist = build_dataset_index(ckpt, dataset, "test", tmp_path / "ray", show_progress=False, ray=opts)
+    from indexer.ray_engine import last_timings
+    assert last_timings["embedding_s"] > 0 and last_timings["model_load_s"] > 0
+    assert last_timings["wall_s"] >= last_timings["actor_start_s"] + last_timings["model_load_s"]
     assert not (tmp_path / "shards").exists()  # removed once the index is committed
     assert dist.images.ids == local.images.ids and dist.captions.ids == local.captions.ids
     cos = np.sum(np.asarray(dist.images.vectors) * np.asarray(local.images.vectors), axis=1)
