@@ -11,6 +11,15 @@ from training.features import cache_key, extract_features
 from training.models.backbones import EfficientNetLite0, grid_regions, grid_side
 
 
+@pytest.fixture(scope="module", autouse=True)
+def fp32_features():
+    """These tests compare float32 paths; on a CPU with native bf16 the torch path would otherwise run
+    under bf16 autocast (its own cache key; tests/test_runtimes.py checks that path)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LTD_FEATURE_DTYPE", "float32")
+        yield
+
+
 @pytest.fixture(scope="module")
 def nets():
     return {f: EfficientNetLite0(f, image_size=96) for f in ("pooled", "grid")}

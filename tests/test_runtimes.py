@@ -10,10 +10,16 @@ from PIL import Image
 
 from training.features import extract_features, lookup_features
 from training.models import runtimes
-from training.models.backbones import EfficientNetLite0
+from training.models.backbones import EfficientNetLite0, cpu_bf16_fast
 from training.models.runtimes import COSINE_TOLERANCE, RuntimeUnavailable, resolve_runtime
 
 FAST = [r for r in ("onnxruntime", "openvino") if runtimes.installed(r)]
+
+
+@pytest.fixture
+def fp32(monkeypatch):
+    """Compare fp32 runtimes: on a CPU with native bf16 the torch path otherwise runs bf16 autocast."""
+    monkeypatch.setenv("LTD_FEATURE_DTYPE", "float32")
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +36,7 @@ def _features(name: str, features: str, x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.skipif(not FAST, reason="neither onnxruntime nor openvino is installed (extra [fast])")
 @pytest.mark.parametrize("features", ["pooled", "fne", "grid"])
-def test_fast_runtimes_match_the_torch_reference(features, images):
+def test_fast_runtimes_match_the_torch_reference(features, images, fp32):
     ref = _features("torch", features, images)
     for name in FAST:
         out = _features(name, features, images)
@@ -55,6 +61,22 @@ def test_auto_picks_the_fastest_installed_runtime(monkeypatch):
     monkeypatch.setattr(runtimes, "installed", lambda n: True)
     assert resolve_runtime("auto", cpu, True) == "torch"
     assert resolve_runtime("auto", torch.device("cuda"), False) == "torch"
+
+
+@pytest.mark.skipif(not cpu_bf16_fast(), reason="this CPU has no native bf16 (AVX512-BF16 / AMX)")
+def test_bf16_cpus_run_torch_in_bf16_under_their_own_cache_key(images, monkeypatch):
+    """On a CPU with native bf16, ``auto`` keeps torch's bf16 path: close to fp32 (bf16 keeps 8 bits of
+    mantissa), never mistaken for it in the feature cache."""
+    bb = EfficientNetLite0("pooled", image_size=96)
+    assert bb.extract_dtype_name() == "bfloat16" and bb.image_runtime(torch.device("cpu")).name == "torch"
+    low, low_key = bb.extract(images), bb.cache_key()
+    monkeypatch.setenv("LTD_FEATURE_DTYPE", "float32")
+    ref_bb = EfficientNetLite0("pooled", image_size=96)
+    ref_bb.set_runtime("torch")
+    ref = ref_bb.extract(images)
+    assert ref_bb.cache_key() != low_key and low_key["dtype"] == "bfloat16"
+    cos = torch.nn.functional.cosine_similarity(low.float(), ref, dim=1)
+    assert cos.min().item() >= 0.99, cos.min().item()
 
 
 def test_unknown_runtime_is_refused_by_name():
@@ -85,7 +107,7 @@ def test_export_is_cached_and_keyed_by_the_weights(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not FAST, reason="needs onnxruntime or openvino (extra [fast])")
-def test_feature_cache_is_shared_across_fp32_runtimes(tmp_path):
+def test_feature_cache_is_shared_across_fp32_runtimes(tmp_path, fp32):
     paths = []
     rng = np.random.default_rng(0)
     for i in range(3):
