@@ -12,7 +12,11 @@
    and two decoding workers for the fastest runtime; cosine of every runtime's features to torch's;
 4. caption encoding (bi-GRU at the presets' sizes), to say whether it can keep up with the images.
 With ``--device cuda`` (a GPU machine) the torch runtime is measured on the GPU (fp16 autocast) and
-written to its own section. ``uptime``'s 1-minute load is recorded next to every number.
+written to its own section. On a CPU with native bf16 every runtime row is pinned to fp32
+(``LTD_FEATURE_DTYPE=float32``); two more rows measure the bf16 paths against a bf16 matmul ceiling
+(OpenVINO's bf16 kernels, what ``auto`` runs there, and torch's bf16 autocast), and the results go to
+their own section, beside the fp32-only CPU's. ``uptime``'s 1-minute load is recorded next to every
+number.
 """
 from __future__ import annotations
 
@@ -33,6 +37,11 @@ from bench._machine import best_of, effnet_gflops, load1, machine_line, matmul_g
 
 SECTION = "## Image embedding engines (bench/embed_engines.py)"
 GPU_SECTION = "## Image embedding engines on a GPU (bench/embed_engines.py --device cuda)"
+BF16_SECTION = "## Image embedding engines on a CPU with native bf16 (bench/embed_engines.py)"
+
+
+def section(res: dict) -> str:
+    return GPU_SECTION if res["device"] != "cpu" else BF16_SECTION if res["bf16_native"] else SECTION
 
 
 def make_jpegs(folder: Path, n: int, size=(640, 480), seed: int = 0) -> list[Path]:
@@ -104,12 +113,16 @@ def captions_per_s(hidden: int, n: int = 5000) -> float:
 
 
 def measure(args, paths: list[Path]) -> dict:
+    import os
+
     from training.models.backbones import cpu_bf16_fast
     from training.models.runtimes import installed
 
     dev = args.device
     res = {"machine": machine_line(), "date": today(), "images": len(paths), "device": dev,
            "bf16_native": cpu_bf16_fast(), "command": "python bench/embed_engines.py " + " ".join(args.argv)}
+    if dev == "cpu":
+        os.environ["LTD_FEATURE_DTYPE"] = "float32"  # every runtime row in fp32; the bf16 row comes after
     res["gflops_per_image"] = effnet_gflops(224)
     # on a GPU the torch runtime runs fp16 autocast, so its ceiling is the fp16 matmul rate
     mm_dtype = torch.float16 if dev != "cpu" else torch.float32
@@ -139,6 +152,18 @@ def measure(args, paths: list[Path]) -> dict:
                       "cos_to_full_decode": cosine_min(feats, best["feats"])})
         print(json.dumps(extra[-1]), flush=True)
     peaks.append(matmul_gflops(device=dev, dtype=mm_dtype))
+    if dev == "cpu" and res["bf16_native"]:
+        del os.environ["LTD_FEATURE_DTYPE"]
+        bf16_peak = matmul_gflops(dtype=torch.bfloat16)
+        res["bf16"] = []
+        for rt in [r for r in ("openvino", "torch") if installed(r)]:  # auto's choice first
+            load = load1()
+            cnn, out = cnn_only(rt, dev)
+            e2e, _ = end_to_end(rt, paths, dev)
+            res["bf16"].append({"runtime": f"{rt}, bf16", "cnn_img_s": cnn, "e2e_img_s": e2e, "load1": load,
+                                "cos_to_torch": cosine_min(out, ref), "matmul_gflops": bf16_peak,
+                                "ceiling_img_s": bf16_peak / res["gflops_per_image"]})
+            print(json.dumps(res["bf16"][-1]), flush=True)
     res.update(matmul_gflops=peaks, ceiling_img_s=max(peaks) / res["gflops_per_image"],
                rows=[{k: v for k, v in r.items() if k != "feats"} for r in rows], variants=extra)
     if dev == "cpu":
@@ -149,8 +174,9 @@ def measure(args, paths: list[Path]) -> dict:
 
 def render(res: dict) -> str:
     ceil = res["ceiling_img_s"]
-    sec = GPU_SECTION if res["device"] != "cpu" else SECTION
-    bf16 = ("this CPU has native bf16, so `auto` runs torch's bf16 path (its own cache entry)" if res["bf16_native"]
+    sec = section(res)
+    bf16 = ("this CPU has native bf16: the runtime rows are pinned to fp32 with `LTD_FEATURE_DTYPE=float32`; "
+            "`auto` runs OpenVINO's bf16 kernels here (their own cache entry; torch's bf16 autocast is the fallback), the bf16 rows" if res["bf16_native"]
             else "this CPU has no native bf16 (no AVX-512 BF16 / AMX), so only fp32 could be measured here")
     lines = [sec, "", f"Machine: {res['machine']}. Date: {res['date']}. Command: `{res['command']}`.", "",
              f"{res['images']} COCO-sized JPEGs (640×480, quality 90), EfficientNet-Lite0 pooled features at 224 px, "
@@ -164,6 +190,11 @@ def render(res: dict) -> str:
     for r in res["rows"]:
         lines.append(f"| {r['runtime']} | {r['cnn_img_s']:.1f} | {100 * r['cnn_img_s'] / ceil:.0f} % | {r['e2e_img_s']:.1f} | "
                      f"{100 * r['e2e_img_s'] / ceil:.0f} % | {r['cos_to_torch']:.7f} | {r['load1']:.1f} |")
+    for b in res.get("bf16", []):
+        lines += [f"| {b['runtime']} (% of the **bf16** ceiling: {b['matmul_gflops']:.0f} GFLOP/s = "
+                  f"{b['ceiling_img_s']:.0f} images/s) | {b['cnn_img_s']:.1f} | {100 * b['cnn_img_s'] / b['ceiling_img_s']:.0f} % | "
+                  f"{b['e2e_img_s']:.1f} | {100 * b['e2e_img_s'] / b['ceiling_img_s']:.0f} % | {b['cos_to_torch']:.7f} | "
+                  f"{b['load1']:.1f} |"]
     lines += ["", "| variant (fastest runtime) | end to end (img/s) | % of ceiling | min cosine to full decoding | load |",
               "|---|---:|---:|---:|---:|"]
     for v in res["variants"]:
@@ -192,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render(res)
     print(text)
     if args.write:
-        replace_section(GPU_SECTION if args.device != "cpu" else SECTION, text)
+        replace_section(section(res), text)
     return 0
 
 

@@ -39,15 +39,26 @@ def cluster_start_stop() -> float:
     return time.perf_counter() - t
 
 
+def runtime_label() -> str:
+    """The image runtime that `ltd index` runs here (bf16 CPUs keep torch's bf16 path)."""
+    import torch
+
+    from training.models.backbones import cpu_features_in_bf16
+    from training.models.runtimes import requested_runtime, resolve_runtime
+
+    bf16 = cpu_features_in_bf16()
+    name = resolve_runtime(requested_runtime(), torch.device("cpu"), bf16)
+    return name + (", bf16 autocast" if bf16 and name == "torch" else "")
+
+
 def run(args) -> dict:
     from indexer.build import build_corpus_index
     from indexer.ray_engine import RayOptions
-    from training.models.runtimes import requested_runtime, resolve_runtime
     import torch
 
     res = {"machine": machine_line(), "date": today(), "images": args.images, "captions": 5 * args.images,
            "command": "python bench/ray_embed.py " + " ".join(args.argv),
-           "runtime": resolve_runtime(requested_runtime(), torch.device("cpu"), False), "runs": []}
+           "runtime": runtime_label(), "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         ckpt = tiny_checkpoint(tmp)

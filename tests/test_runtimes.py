@@ -57,24 +57,37 @@ def test_auto_picks_the_fastest_installed_runtime(monkeypatch):
     assert resolve_runtime("auto", cpu, False) == "torch"
     with pytest.raises(RuntimeUnavailable, match="not installed"):
         resolve_runtime("openvino", cpu, False)
-    # bf16 CPUs and GPUs keep torch's reduced-precision path (its own cache key)
+    # GPUs keep torch's fp16 path; bf16 CPUs run OpenVINO's bf16 kernels when installed, else torch's
     monkeypatch.setattr(runtimes, "installed", lambda n: True)
-    assert resolve_runtime("auto", cpu, True) == "torch"
+    assert resolve_runtime("auto", cpu, True) == "openvino"
     assert resolve_runtime("auto", torch.device("cuda"), False) == "torch"
+    monkeypatch.setattr(runtimes, "installed", lambda n: n in ("torch", "onnxruntime"))
+    assert resolve_runtime("auto", cpu, True) == "torch"  # ONNX Runtime has no bf16 path here
+
+
+def test_feature_dtype_keys_each_precision_path_apart():
+    from training.models.runtimes import feature_dtype
+
+    assert {feature_dtype(r, False) for r in ("torch", "compile", "onnxruntime", "openvino")} == {"float32"}
+    assert feature_dtype("torch", True) == feature_dtype("compile", True) == "bfloat16"  # the keys cached before
+    assert feature_dtype("openvino", True) == "bfloat16-openvino" and feature_dtype("onnxruntime", True) == "float32"
 
 
 @pytest.mark.skipif(not cpu_bf16_fast(), reason="this CPU has no native bf16 (AVX512-BF16 / AMX)")
-def test_bf16_cpus_run_torch_in_bf16_under_their_own_cache_key(images, monkeypatch):
-    """On a CPU with native bf16, ``auto`` keeps torch's bf16 path: close to fp32 (bf16 keeps 8 bits of
-    mantissa), never mistaken for it in the feature cache."""
+@pytest.mark.parametrize("name", ["torch", *(["openvino"] if "openvino" in FAST else [])])
+def test_bf16_paths_are_close_to_fp32_under_their_own_cache_keys(name, images, monkeypatch):
+    """On a CPU with native bf16 both reduced-precision paths (torch autocast, OpenVINO's bf16 kernels)
+    stay close to fp32 (bf16 keeps 8 bits of mantissa) and are never mistaken for it in the cache."""
     bb = EfficientNetLite0("pooled", image_size=96)
-    assert bb.extract_dtype_name() == "bfloat16" and bb.image_runtime(torch.device("cpu")).name == "torch"
+    bb.set_runtime(name)
     low, low_key = bb.extract(images), bb.cache_key()
+    assert bb.image_runtime(torch.device("cpu")).name == name
+    assert low_key["dtype"] == ("bfloat16-openvino" if name == "openvino" else "bfloat16")
     monkeypatch.setenv("LTD_FEATURE_DTYPE", "float32")
     ref_bb = EfficientNetLite0("pooled", image_size=96)
     ref_bb.set_runtime("torch")
     ref = ref_bb.extract(images)
-    assert ref_bb.cache_key() != low_key and low_key["dtype"] == "bfloat16"
+    assert ref_bb.cache_key()["dtype"] == "float32"
     cos = torch.nn.functional.cosine_similarity(low.float(), ref, dim=1)
     assert cos.min().item() >= 0.99, cos.min().item()
 

@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from training.data.images import Preprocess
-from training.models.runtimes import ImageRuntime, RuntimeUnavailable, Tap, requested_runtime, resolve_runtime
+from training.models.runtimes import (ImageRuntime, RuntimeUnavailable, Tap, feature_dtype, requested_runtime,
+                                      resolve_runtime)
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,12 @@ def file_sha256(path: str) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def cpu_features_in_bf16() -> bool:
+    """Frozen CNN features on the CPU run under bf16 autocast: native bf16 here, and not pinned to fp32
+    by ``LTD_FEATURE_DTYPE=float32``."""
+    return os.environ.get("LTD_FEATURE_DTYPE", "auto") != "float32" and cpu_bf16_fast()
 
 
 def cpu_bf16_fast() -> bool:
@@ -67,10 +74,12 @@ class Backbone(nn.Module):
                 "weights": self.weights_id, "dtype": self.extract_dtype_name()}
 
     def extract_dtype_name(self) -> str:
-        return "bfloat16" if self._use_bf16_cpu() else "float32"
+        """The feature cache's dtype entry: what this CPU's runtime computes in (``runtimes.feature_dtype``)."""
+        bf16 = self._use_bf16_cpu()
+        return feature_dtype(resolve_runtime(self.runtime, torch.device("cpu"), bf16), bf16)
 
     def _use_bf16_cpu(self) -> bool:
-        return os.environ.get("LTD_FEATURE_DTYPE", "auto") != "float32" and cpu_bf16_fast()
+        return cpu_features_in_bf16()
 
     def _autocast(self, device: torch.device):
         if device.type == "cuda":
@@ -144,7 +153,8 @@ class EfficientNetLite0(Backbone):
             name = resolve_runtime(self.runtime, device, self._use_bf16_cpu())
             tap = Tap(self.fused(), self.features)
             try:
-                runner = ImageRuntime(name, tap, self.preprocess.size, device, self._autocast(device))
+                runner = ImageRuntime(name, tap, self.preprocess.size, device, self._autocast(device),
+                                      bf16_cpu=device.type == "cpu" and self._use_bf16_cpu())
             except Exception as e:
                 if self.runtime != "auto" or name == "torch":
                     raise RuntimeUnavailable(f"image runtime {name} failed to start: {type(e).__name__}: {e}") from e

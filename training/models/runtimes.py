@@ -6,14 +6,17 @@ The fused torch module (``effnet_fused.py``) is the reference. Other runtimes ru
 - ``compile``: the fused module through ``torch.compile`` (Inductor; needs a C++ compiler);
 - ``onnxruntime`` / ``openvino``: the fused module exported once to ONNX (cached under
   ``CACHE/engines/``, keyed by a hash of the fused weights, the tap and the image size) and run by
-  ONNX Runtime or OpenVINO in fp32 (OpenVINO's precision hint is pinned to f32: on CPUs with bf16 it
-  would otherwise run bf16). Both are optional extras (``pip install '.[fast]'``).
+  ONNX Runtime (fp32) or OpenVINO (fp32; bf16 on a CPU with native bf16, as torch's path there — its
+  precision hint is always set explicitly). Both are optional extras (``pip install '.[fast]'``).
 
-``auto`` picks, by measurement (BENCHMARKS.md, "Image embedding engines"): on CUDA or on a CPU with
-native bf16, ``torch`` (its reduced-precision path, cached under its own key); otherwise the first of
-``openvino``, ``onnxruntime``, ``torch`` that is installed. All fp32 runtimes agree with the torch
-reference to cosine ≥ 0.99999 (tests/test_runtimes.py), far below the float16 rounding of the feature
-cache, so they share its entries: the cache key carries the dtype, not the runtime.
+``auto`` picks, by measurement (BENCHMARKS.md, "Image embedding engines"): on CUDA, ``torch``
+(fp16 autocast); on a CPU with native bf16, ``openvino`` in bf16 when installed (1.9× torch's bf16
+path on a 2-core Xeon with AMX, at the same bf16-level cosine ≈ 0.996 to fp32), else ``torch``;
+otherwise the first of ``openvino``, ``onnxruntime``, ``torch`` that is installed. All fp32 runtimes
+agree with the torch reference to cosine ≥ 0.99999 (tests/test_runtimes.py), far below the float16
+rounding of the feature cache, so they share its entries: the cache key carries the dtype
+(``feature_dtype``), and the two bf16 paths, which differ from each other at bf16 level, each have
+their own.
 """
 from __future__ import annotations
 
@@ -53,8 +56,10 @@ def resolve_runtime(name: str, device: torch.device, reduced_precision: bool) ->
     if name not in RUNTIMES:
         raise RuntimeUnavailable(f"unknown image runtime {name!r}; choose one of: {', '.join(RUNTIMES)}")
     if name == "auto":
-        if device.type != "cpu" or reduced_precision:
+        if device.type != "cpu":
             return "torch"
+        if reduced_precision:
+            return "openvino" if installed("openvino") else "torch"
         return next(r for r in ("openvino", "onnxruntime", "torch") if installed(r))
     if name in ("onnxruntime", "openvino"):
         if device.type != "cpu":
@@ -118,12 +123,21 @@ def _onnxruntime(path: Path) -> Callable[[np.ndarray], np.ndarray]:
     return lambda x: sess.run(None, {"x": x})[0]
 
 
-def _openvino(path: Path) -> Callable[[np.ndarray], np.ndarray]:
+def feature_dtype(runtime: str, bf16_cpu: bool) -> str:
+    """What the CPU features of ``runtime`` are computed in, for the feature cache's key: "float32" for
+    every fp32 runtime (they agree far below the cache's rounding), "bfloat16" for torch's (and
+    torch.compile's) bf16 autocast, "bfloat16-openvino" for OpenVINO's bf16 kernels."""
+    if not bf16_cpu or runtime == "onnxruntime":
+        return "float32"
+    return "bfloat16-openvino" if runtime == "openvino" else "bfloat16"
+
+
+def _openvino(path: Path, bf16: bool = False) -> Callable[[np.ndarray], np.ndarray]:
     import openvino as ov
 
     core = ov.Core()
     compiled = core.compile_model(core.read_model(str(path)), "CPU", {
-        "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": _threads(), "PERFORMANCE_HINT": "THROUGHPUT"})
+        "INFERENCE_PRECISION_HINT": "bf16" if bf16 else "f32", "INFERENCE_NUM_THREADS": _threads(), "PERFORMANCE_HINT": "THROUGHPUT"})
     out = compiled.output(0)
     local = threading.local()  # an infer request serves one call at a time: one per thread (the server's pool)
 
@@ -138,14 +152,15 @@ def _openvino(path: Path) -> Callable[[np.ndarray], np.ndarray]:
 class ImageRuntime:
     """Runs one tap of the fused network with one runtime: ``(B, 3, S, S)`` float32 → ``(B, D)`` float32."""
 
-    def __init__(self, name: str, tap: Tap, image_size: int, device: torch.device, autocast, cache_dir: str | Path = ""):
+    def __init__(self, name: str, tap: Tap, image_size: int, device: torch.device, autocast, cache_dir: str | Path = "",
+                 bf16_cpu: bool = False):
         self.name, self.device, self._autocast = name, device, autocast
         self._tap = tap.to(device)
         self._np: Callable[[np.ndarray], np.ndarray] | None = None
         self._compiled = None
         if name in ("onnxruntime", "openvino"):
             path = export_onnx(tap, image_size, cache_dir)
-            self._np = _onnxruntime(path) if name == "onnxruntime" else _openvino(path)
+            self._np = _onnxruntime(path) if name == "onnxruntime" else _openvino(path, bf16=bf16_cpu)
         elif name == "compile":
             self._compiled = torch.compile(self._tap, dynamic=False)
 
