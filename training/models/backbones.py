@@ -76,7 +76,8 @@ class Backbone(nn.Module):
     def extract_dtype_name(self) -> str:
         """The feature cache's dtype entry: what this CPU's runtime computes in (``runtimes.feature_dtype``)."""
         bf16 = self._use_bf16_cpu()
-        return feature_dtype(resolve_runtime(self.runtime, torch.device("cpu"), bf16), bf16)
+        runtime = getattr(self, "runtime", "torch")  # backbones without runtimes run torch under ``_autocast``
+        return feature_dtype(resolve_runtime(runtime, torch.device("cpu"), bf16), bf16)
 
     def _use_bf16_cpu(self) -> bool:
         return cpu_features_in_bf16()
