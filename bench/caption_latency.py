@@ -6,9 +6,10 @@
 
 ``--synthetic`` first builds what to serve, in a temporary folder: a small retrieval model on the
 embedded scenes indexed on their test split, and an XE captioner with the Flickr8k presets' sizes
-(word/hidden/attention 256, 224 px input: the 7 × 7 grid) trained for a few steps. Latency depends on
-the model's sizes and on how many words it generates, not on how good it is; the captions of a
-barely trained captioner are about as long as a good one's on these scenes (reported).
+(word/hidden/attention 256, 224 px input: the 7 × 7 grid) trained for 240 steps. Latency depends on
+the model's sizes and on how many words it generates, not on how good it is; a barely trained
+captioner says nothing (its latency would time nothing), so the words per caption are reported and a
+captioner without words is refused.
 
 Three kinds of request, each answered in full (the response is parsed and checked):
 - ``image_id``: JSON, a dataset image: every captioner's beam search on the image's grid features,
@@ -52,13 +53,13 @@ def build_synthetic(root: Path, *, images: int = 600, epochs: int = 5) -> tuple[
     ds = resolve_dataset_path("", synthetic_images=images, show_progress=False)
     ix = build_dataset_index(ckpt, ds, "test", root / "index", show_progress=False)
     run = root / "captioner"
+    # 480 training images in steps of 10 images x 5 captions: 240 steps, enough for captions of the
+    # scenes' usual length
     sets = [f"data.synthetic_images={images}", "data.image_size=224", f"xe.epochs={epochs}", "xe.batch_size=10",
             "model.word_dim=256", "model.hidden=256", "model.att_dim=256"]
     if ltd(["caption", "train", "--config", "caption_synthetic_xe", "--out", str(run), "--no-progress",
             *[a for s in sets for a in ("--set", s)]]) != 0:
         raise RuntimeError("training the benchmark's captioner failed")
-    # 480 training images in steps of 10 images x 5 captions: 240 steps, enough for captions of the
-    # scenes' usual length (a barely trained captioner says nothing, which would time nothing)
     return [f"bl={ix.path}"], [f"xe={run / 'best.pt'}"]
 
 

@@ -122,7 +122,7 @@ def measure(args, paths: list[Path]) -> dict:
     res = {"machine": machine_line(), "date": today(), "images": len(paths), "device": dev,
            "bf16_native": cpu_bf16_fast(), "command": "python bench/embed_engines.py " + " ".join(args.argv)}
     if dev == "cpu":
-        os.environ["LTD_FEATURE_DTYPE"] = "float32"  # every runtime row in fp32; the bf16 row comes after
+        os.environ["LTD_FEATURE_DTYPE"] = "float32"  # every runtime row in fp32; the bf16 rows come after
     res["gflops_per_image"] = effnet_gflops(224)
     # on a GPU the torch runtime runs fp16 autocast, so its ceiling is the fp16 matmul rate
     mm_dtype = torch.float16 if dev != "cpu" else torch.float32

@@ -40,21 +40,21 @@ def cluster_start_stop() -> float:
 
 
 def runtime_label() -> str:
-    """The image runtime that `ltd index` runs here (bf16 CPUs keep torch's bf16 path)."""
+    """The image runtime that `ltd index` runs here, with its precision as the feature cache keys it."""
     import torch
 
     from training.models.backbones import cpu_features_in_bf16
-    from training.models.runtimes import requested_runtime, resolve_runtime
+    from training.models.runtimes import feature_dtype, requested_runtime, resolve_runtime
 
     bf16 = cpu_features_in_bf16()
     name = resolve_runtime(requested_runtime(), torch.device("cpu"), bf16)
-    return name + (", bf16 autocast" if bf16 and name == "torch" else "")
+    return name + (", bf16" if feature_dtype(name, bf16) != "float32" else "")
 
 
 def run(args) -> dict:
+    from indexer import ray_engine
     from indexer.build import build_corpus_index
     from indexer.ray_engine import RayOptions
-    import torch
 
     res = {"machine": machine_line(), "date": today(), "images": args.images, "captions": 5 * args.images,
            "command": "python bench/ray_embed.py " + " ".join(args.argv),
@@ -77,7 +77,6 @@ def run(args) -> dict:
             wall = time.perf_counter() - t
             vecs = np.asarray(ix.images.vectors)
             ref = vecs if ref is None else ref
-            from indexer import ray_engine
             res["runs"].append({"label": label, "wall_s": wall, "load1": load,
                                 "cos_min": float(np.sum(vecs * ref, axis=1).min()),
                                 "timings": dict(ray_engine.last_timings) if ray else {}})
