@@ -315,3 +315,38 @@ def test_sbert_caption_encoder_frozen_and_partial(tmp_path, layers):
     assert torch.allclose(e[0], e[1], atol=1e-5) and e.shape == (3, cfg.model.embed_dim)
     trainable = [n for n, p in model.text.st.named_parameters() if p.requires_grad]
     assert (len(trainable) > 0) == (layers > 0)
+
+
+def test_cpu_bf16_autocast_trains_close_to_fp32(tmp_path, monkeypatch):
+    """train.cpu_amp=bf16 runs the steps under bf16 autocast (the model's matmuls see it; the losses
+    stay float32): same first-step losses as fp32 within bf16 rounding, not bit-identical (so the
+    autocast really applied), finite throughout; ``auto`` turns it on only where the CPU has native bf16."""
+    from training import loop
+    from training.loop import train
+    from training.prepare import prepare
+
+    cfg32 = tiny_config("constraint", ["train.epochs=1"])
+    data = prepare(cfg32, show_progress=False)
+    seen = []
+    encode = loop.DualEncoder.encode_text
+    monkeypatch.setattr(loop.DualEncoder, "encode_text",
+                        lambda self, *a, **k: (seen.append(torch.is_autocast_enabled("cpu")), encode(self, *a, **k))[1])
+    rows = {}
+    for amp in ("fp32", "bf16"):
+        seen.clear()
+        run = train(tiny_config("constraint", ["train.epochs=1", f"train.cpu_amp={amp}"]), tmp_path / amp,
+                    data=data, show_progress=False).run_dir
+        assert seen and set(seen) == {amp == "bf16"}
+        rows[amp] = _rows(run)
+    a, b = rows["fp32"][0], rows["bf16"][0]
+    assert b["l_con"] == pytest.approx(a["l_con"], rel=2e-2) and b["l_rec"] == pytest.approx(a["l_rec"], rel=2e-2)
+    assert (a["l_con"], a["l_rec"]) != (b["l_con"], b["l_rec"])
+    assert all(np.isfinite([r["loss"], r["l_con"], r["l_rec"], r["lambda"]]).all() for r in rows["bf16"])
+
+    cfg_auto = tiny_config("constraint", ["train.epochs=1", "train.cpu_amp=auto"])
+    for native in (False, True):
+        monkeypatch.setattr(loop, "cpu_bf16_fast", lambda native=native: native)
+        r = loop.set_up(cfg_auto, data, torch.device("cpu"), tmp_path / f"auto{native}", False)
+        assert r.cpu_bf16 is native and not r.use_amp
+    with pytest.raises(ConfigError, match="train.cpu_amp='fp16' is not valid"):
+        tiny_config(extra=["train.cpu_amp=fp16"])

@@ -122,6 +122,9 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
     amp: bool = True  # mixed precision on CUDA (ignored on CPU)
+    # autocast on the CPU: fp32 (none) | bf16 | auto (bf16 only where the CPU has native bf16: AVX512-BF16
+    # or AMX; elsewhere bf16 is emulated and slower than fp32). Losses stay float32 either way.
+    cpu_amp: str = "fp32"
     log_every: int = 50  # steps between metrics.jsonl lines
     checkpoint_every: int = 0  # also checkpoint every N steps inside an epoch (0 = at epoch ends only)
     swa: bool = False  # average 5 snapshots from the last 10% of each epoch
@@ -157,6 +160,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.optimizer": ("adam", "adamw"),
     "optim.schedule": ("cosine", "constant"),
     "train.device": ("auto", "cpu", "cuda"),
+    "train.cpu_amp": ("fp32", "bf16", "auto"),
 }
 
 

@@ -33,6 +33,7 @@ from training.checkpoint import (
 from training.config import Config, dump_config
 from training.data.image_batches import AugmentedImageBatches
 from training.losses.objective import TrainingObjective
+from training.models.backbones import cpu_bf16_fast
 from training.models.dual_encoder import DualEncoder, build_model
 from training.models.text_encoder import move_batch
 from training.prepare import TrainingData, prepare
@@ -123,7 +124,8 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
-    use_amp: bool
+    use_amp: bool  # fp16 autocast + loss scaling on CUDA
+    cpu_bf16: bool  # bf16 autocast on the CPU (no loss scaling: bf16 has float32's exponent range)
     backbone_params: list[torch.nn.Parameter]
     train_img: np.ndarray  # dataset image index of each training caption
     at: TrainingProgress = field(default_factory=TrainingProgress)
@@ -161,9 +163,12 @@ def set_up(cfg: Config, data: TrainingData, device: torch.device, run_dir: Path,
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(oc.warmup_steps, total_steps, oc.schedule, oc.min_lr_ratio))
     use_amp = device.type == "cuda" and tc.amp
+    cpu_bf16 = device.type == "cpu" and (tc.cpu_amp == "bf16" or (tc.cpu_amp == "auto" and cpu_bf16_fast()))
+    if cpu_bf16:
+        log.info("training under bf16 autocast on the CPU (train.cpu_amp=%s)", tc.cpu_amp)
     return Run(cfg=cfg, data=data, run_dir=run_dir, device=device, model=model, objective=objective,
                optimizer=optimizer, scheduler=scheduler, scaler=torch.amp.GradScaler("cuda", enabled=use_amp),
-               use_amp=use_amp, backbone_params=backbone_params, train_img=train_img)
+               use_amp=use_amp, cpu_bf16=cpu_bf16, backbone_params=backbone_params, train_img=train_img)
 
 
 def fit_to_training_data(model: DualEncoder, data: TrainingData, train_img: np.ndarray, cfg: Config,
@@ -284,7 +289,8 @@ def train_step(r: Run, idx: np.ndarray, gen: torch.Generator,
     and the gradient norm before clipping. Random choices draw from ``gen``."""
     model, device, data = r.model, r.device, r.data
     img_ids = torch.as_tensor(r.train_img[idx])
-    with torch.autocast(device.type, dtype=torch.float16, enabled=r.use_amp):
+    with torch.autocast(device.type, dtype=torch.bfloat16 if r.cpu_bf16 else torch.float16,
+                        enabled=r.use_amp or r.cpu_bf16):
         if images is not None:
             img_emb = model.image(next(images).to(device, non_blocking=True))
         else:
