@@ -109,3 +109,60 @@ def comparison_table(reports: dict[str, dict], ndcg_k: int = 25) -> str:
             row += " | " + ("{:+.4f}" if "nDCG" in k else "{:+.1f}").format(vals[-1] - vals[0])
         lines.append(row + " |")
     return "\n".join(lines)
+
+
+# ---- captioners (`ltd demo --captioning`) --------------------------------------------------------
+def caption_run_state(cfg, run_dir: Path) -> str:
+    """Like :func:`run_state` for a captioner run: ``done``, ``partial``, ``absent`` or ``conflict``."""
+    from training.captioning.checkpoint import load_caption_checkpoint
+
+    ckpt, saved = run_dir / "checkpoint.pt", run_dir / "config.yaml"
+    if not ckpt.is_file():
+        return "absent"
+    if not saved.is_file() or yaml.safe_load(saved.read_text()) != cfg.to_dict():
+        return "conflict"
+    meta = load_caption_checkpoint(ckpt)
+    last = ("scst", cfg.scst.epochs) if cfg.scst.epochs else ("xe", cfg.xe.epochs)
+    done = (meta.get("stage"), meta.get("epoch")) == last and meta.get("step_in_epoch", 0) == 0
+    return "done" if done and (run_dir / "best.pt").is_file() else "partial"
+
+
+def ensure_captioner(cfg, run_dir: Path, *, show_progress: bool = True) -> Path:
+    """The captioner run's best.pt, training or resuming only when needed."""
+    from training.captioning.loop import train_captioner
+
+    state = caption_run_state(cfg, run_dir)
+    if state == "conflict":
+        raise FileExistsError(f"{run_dir} holds a captioner run with a different config; delete it or choose "
+                              "another output folder")
+    if state == "done":
+        log.info("reusing finished captioner %s", run_dir)
+    else:
+        log.info("%s captioner %s", "resuming" if state == "partial" else "training", run_dir)
+        train_captioner(cfg, run_dir, resume=state == "partial", show_progress=show_progress)
+    return run_dir / "best.pt"
+
+
+def ensure_caption_report(checkpoint: Path, judges: dict[str, Path], out_dir: Path, *, split: str = "test",
+                          show_progress: bool = True) -> dict:
+    """`ltd caption eval` of ``checkpoint`` with every judge in ``judges``, reused while the captioner
+    and the judges are the same files."""
+    import json
+
+    from indexer.caption_eval import evaluate_captioner, write_caption_report
+
+    want = {"checkpoint": sha256_file(checkpoint)[:16], "judges": {n: sha256_file(p)[:16] for n, p in judges.items()}}
+    rp = out_dir / "report.json"
+    if rp.is_file():
+        try:
+            rep = json.loads(rp.read_text())
+            have = {"checkpoint": rep["meta"]["checkpoint_sha256"],
+                    "judges": {n: j["sha256"] for n, j in rep.get("judges", {}).items()}}
+            if have == want and rep["meta"]["dataset"]["split"] == split:
+                return rep
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("re-evaluating %s: %s", out_dir, e)
+    rep, captions = evaluate_captioner(checkpoint, split=split, judges={n: str(p) for n, p in judges.items()},
+                                       show_progress=show_progress)
+    write_caption_report(out_dir, rep, captions)
+    return rep

@@ -43,8 +43,13 @@ def dataset_of(ckpt: dict, dataset: str | None, cache_dir: str = "") -> Dataset:
 
 def evaluate_captioner(checkpoint: str | Path, *, dataset: str | None = None, split: str = "test",
                        retrieval: str | Path | None = None, beam: int = 5, meteor: bool | None = None,
-                       max_images: int = 0, cache_dir: str = "", show_progress: bool = True) -> tuple[dict, list[dict]]:
-    """(report, captions [{image_id, filename, caption, references}]) for one split."""
+                       max_images: int = 0, cache_dir: str = "", show_progress: bool = True,
+                       judges: dict[str, str | Path] | None = None) -> tuple[dict, list[dict]]:
+    """(report, captions [{image_id, filename, caption, references}]) for one split.
+
+    ``retrieval`` gives the report's ``self_R@k``; ``judges`` (name → retrieval checkpoint) score the
+    same captions under further retrieval models, in ``report["judges"][name]`` (one decoding for all:
+    e.g. the judge a captioner was trained with and an independent one)."""
     ckpt = load_caption_checkpoint(checkpoint)
     model, vocab, ccfg = captioner_from_checkpoint(ckpt)
     ds = dataset_of(ckpt, dataset, cache_dir)
@@ -64,11 +69,16 @@ def evaluate_captioner(checkpoint: str | Path, *, dataset: str | None = None, sp
     report.update({"unique_%": round(100 * unique_share(caps), 2),
                    "novel_%": round(100 * novel_share(caps, train_caps), 2) if train_caps else None,
                    "n_images": len(keep), "mean_length": round(float(np.mean([len(c.split()) for c in caps])), 2)})
+    def judged(path: str | Path) -> dict:
+        judge = load_judge(path, ds, vocab.words, cache_dir=cache_dir, show_progress=show_progress)
+        sims = judge.similarities(judge.model.embed_texts(caps), torch.as_tensor(rows)).numpy()  # (captions, images)
+        return {k: round(v, 2) for k, v in self_retrieval(sims.T).items()}
+
     if retrieval:
-        judge = load_judge(retrieval, ds, vocab.words, cache_dir=cache_dir, show_progress=show_progress)
-        emb = judge.model.embed_texts(caps)
-        sims = judge.similarities(emb, torch.as_tensor(rows)).numpy()  # (captions, images)
-        report.update({k: round(v, 2) for k, v in self_retrieval(sims.T).items()})
+        report.update(judged(retrieval))
+    if judges:
+        report["judges"] = {name: {**judged(path), "path": str(path), "sha256": sha256_file(path)[:16]}
+                            for name, path in judges.items()}
     report["meta"] = {
         "checkpoint": str(checkpoint), "checkpoint_sha256": sha256_file(checkpoint)[:16],
         "train_name": ccfg.train.name, "stage": ckpt.get("stage"), "epoch": ckpt.get("epoch"),
@@ -101,6 +111,12 @@ def render_caption_markdown(report: dict) -> str:
                   "| R@1 | R@5 | R@10 | med r |", "|---:|---:|---:|---:|",
                   f"| {report['self_R@1']:.1f} | {report['self_R@5']:.1f} | {report['self_R@10']:.1f} | "
                   f"{report['self_medr']:g} |", ""]
+    if report.get("judges"):
+        lines += [f"Self-retrieval of the same captions under further judges ({report['n_images']} images):", "",
+                  "| judge | R@1 | R@5 | R@10 | med r | checkpoint |", "|---|---:|---:|---:|---:|---|"]
+        lines += [f"| {name} | {j['self_R@1']:.1f} | {j['self_R@5']:.1f} | {j['self_R@10']:.1f} | {j['self_medr']:g} | "
+                  f"`{j['path']}` ({j['sha256']}…) |" for name, j in report["judges"].items()]
+        lines.append("")
     novel = f"{report['novel_%']:.1f} %" if report.get("novel_%") is not None else "n/a (no train split)"
     lines += [f"Unique captions: {report['unique_%']:.1f} %; novel captions (not in the training set): {novel}.", "",
               "Scores ×100 (CIDEr-D as the COCO toolkit computes it, document frequencies from this split's "

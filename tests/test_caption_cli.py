@@ -75,6 +75,20 @@ def test_eval_writes_a_report_with_every_metric(sr_run, judge, tmp_path, capsys)
     caps = json.loads((out / "captions.json").read_text())
     assert len(caps) == 6 and all(len(c["references"]) == 5 for c in caps)
 
+    # --judge: the same captions under further judges; the same judge again gives the same numbers
+    out2 = tmp_path / "eval2"
+    assert main(["caption", "eval", "--checkpoint", str(sr_run / "best.pt"), "--retrieval", str(judge), "--beam", "3",
+                 "--judge", f"again={judge}", "--out", str(out2), "--no-meteor", "--no-progress"]) == 0
+    rep2 = json.loads((out2 / "report.json").read_text())
+    again = rep2["judges"]["again"]
+    assert {k: again[k] for k in ("self_R@1", "self_R@5", "self_R@10", "self_medr")} == \
+        {k: rep2[k] for k in ("self_R@1", "self_R@5", "self_R@10", "self_medr")}
+    assert rep2["CIDEr-D"] == report["CIDEr-D"] and "| again |" in (out2 / "report.md").read_text()
+    capsys.readouterr()
+    for bad, msg in ((f"x y={judge}", "expected NAME=CHECKPOINT"), (f"a={tmp_path / 'nope.pt'}", "does not exist")):
+        assert main(["caption", "eval", "--checkpoint", str(sr_run / "best.pt"), "--judge", bad, "--no-progress"]) == 2
+        assert msg in capsys.readouterr().err
+
 
 @pytest.mark.slow
 def test_generate_writes_json_lines_for_a_split_and_a_folder(sr_run, tmp_path, capsys):

@@ -38,6 +38,38 @@ def test_demo_no_serve_prints_table_and_reuses(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.slow
+def test_demo_captioning_trains_judges_and_captioners_and_reuses(tmp_path, capsys, monkeypatch):
+    """`ltd demo --captioning`: clean judges (the demo's shortcut models cannot judge), XE, SR-FL under each
+    judge started from XE, every captioner evaluated under both judges; a re-run retrains nothing."""
+    from app.cli import main
+    from test_caption_cli import TINY_CAP
+
+    monkeypatch.delenv("LTD_DATA_DIR", raising=False)
+    args = ["demo", "--out", str(tmp_path / "demo"), "--no-serve", "--no-progress", "--captioning"]
+    for s in TINY:
+        args += ["--set", s]
+    for s in TINY_CAP:
+        if not s.startswith("data.synthetic_images"):
+            args += ["--caption-set", s]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "| captioner | BLEU-4 | CIDEr-D | unique_% | self R@1 (bl judge) |" in out
+    for name in ("xe", "sr_bl", "sr_ltd"):
+        assert f"| {name} |" in out
+    root = tmp_path / "demo" / "synthetic"
+    for j in ("bl", "ltd"):
+        assert yaml.safe_load((root / "runs" / f"judge_{j}" / "config.yaml").read_text())["data"]["shortcuts"] == "none"
+        cfg = yaml.safe_load((root / "captioners" / f"sr_{j}" / "config.yaml").read_text())
+        assert Path(cfg["train"]["retrieval"]) == (root / "runs" / f"judge_{j}" / "best.pt").resolve()
+        assert Path(cfg["train"]["init_from"]) == (root / "captioners" / "xe" / "best.pt").resolve()
+    rep = json.loads((root / "captioners" / "sr_ltd" / "eval_test" / "report.json").read_text())
+    assert set(rep["judges"]) == {"bl", "ltd"} and rep["meta"]["dataset"]["split"] == "test"
+    mtimes = {p: p.stat().st_mtime for p in root.rglob("*.pt")} | {p: p.stat().st_mtime for p in root.rglob("report.json")}
+    assert main(args) == 0  # re-running reuses every run and report
+    assert {p: p.stat().st_mtime for p in mtimes} == mtimes
+
+
+@pytest.mark.slow
 def test_experiment_grid_runs_and_resumes(tmp_path, capsys):
     from app.cli import main
 

@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     e.add_argument("--dataset", help="Karpathy JSON or its folder (default: the one the captioner was trained on)")
     e.add_argument("--split", default="test")
     e.add_argument("--retrieval", help="retrieval checkpoint for self-retrieval R@k")
+    e.add_argument("--judge", action="append", default=[], metavar="NAME=CHECKPOINT",
+                   help="score the same captions under a further retrieval checkpoint too (repeatable), e.g. an "
+                        "independent judge beside the one the captioner was trained with")
     e.add_argument("--beam", type=int, default=5)
     e.add_argument("--out", help="report folder (default: the checkpoint's folder / eval_<split>)")
     e.add_argument("--max-images", type=int, default=0, help="only the first N images of the split (0 = all)")
@@ -92,12 +95,15 @@ def cmd_caption_eval(args: argparse.Namespace) -> int:
     _check_beam(args.beam)
     if args.max_images < 0:
         raise ValueError("--max-images must be >= 0")
+    from app.cli.serve import parse_captioners
     from indexer.caption_eval import evaluate_captioner, write_caption_report
+
+    judges = parse_captioners(args.judge, "--judge")
 
     report, captions = evaluate_captioner(args.checkpoint, dataset=args.dataset, split=args.split,
                                           retrieval=args.retrieval, beam=args.beam,
                                           meteor=False if args.no_meteor else None, max_images=args.max_images,
-                                          show_progress=not args.no_progress)
+                                          judges=judges, show_progress=not args.no_progress)
     out = Path(args.out) if args.out else Path(args.checkpoint).parent / f"eval_{args.split}"
     jp, mp = write_caption_report(out, report, captions)
     print(mp.read_text())

@@ -137,17 +137,17 @@ def parse_models(specs: list[str]) -> tuple[dict[str, str], dict[str, str]]:
     return models, checkpoints
 
 
-def parse_captioners(specs: list[str]) -> dict[str, str]:
-    """``["xe=runs/cap_xe/best.pt"]`` → {name: absolute checkpoint path}."""
+def parse_captioners(specs: list[str], flag: str = "--captioner") -> dict[str, str]:
+    """``["xe=runs/cap_xe/best.pt"]`` → {name: absolute checkpoint path} (also ``ltd caption eval --judge``)."""
     out: dict[str, str] = {}
     for spec in specs:
         name, sep, path = (x.strip() for x in spec.partition("="))
         if not sep or not NAME_RE.match(name) or not path:
-            raise ValueError(f"--captioner {spec!r}: expected NAME=CHECKPOINT (a name of letters, digits, '_', '.', '-')")
+            raise ValueError(f"{flag} {spec!r}: expected NAME=CHECKPOINT (a name of letters, digits, '_', '.', '-')")
         if name in out:
-            raise ValueError(f"--captioner {spec!r}: the name {name!r} is given twice")
+            raise ValueError(f"{flag} {spec!r}: the name {name!r} is given twice")
         if not Path(path).expanduser().is_file():
-            raise FileNotFoundError(f"--captioner {spec!r}: checkpoint {path} does not exist")
+            raise FileNotFoundError(f"{flag} {spec!r}: checkpoint {path} does not exist")
         out[name] = str(Path(path).expanduser().resolve())
     return out
 
