@@ -122,9 +122,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
     amp: bool = True  # mixed precision on CUDA (ignored on CPU)
-    # autocast on the CPU: fp32 (none) | bf16 | auto (bf16 only where the CPU has native bf16: AVX512-BF16
-    # or AMX; elsewhere bf16 is emulated and slower than fp32). Losses stay float32 either way.
-    cpu_amp: str = "fp32"
+    cpu_amp: str = "fp32"  # CPU autocast: fp32 | bf16 | auto (bf16 only where native: AVX512-BF16 / AMX)
     log_every: int = 50  # steps between metrics.jsonl lines
     checkpoint_every: int = 0  # also checkpoint every N steps inside an epoch (0 = at epoch ends only)
     swa: bool = False  # average 5 snapshots from the last 10% of each epoch
@@ -246,21 +244,6 @@ def list_presets(kind: str = "train") -> list[str]:
     """Shipped presets: ``train`` (dual encoders) or ``caption`` (captioners)."""
     names = sorted(p.name[:-5] for p in resources.files("configs").iterdir() if p.name.endswith(".yaml"))
     return [n for n in names if n.startswith(CAPTION_PRESET_PREFIX) == (kind == "caption")]
-
-
-def describe_presets(kind: str = "train") -> list[tuple[str, str, str]]:
-    """(name, what it is, what it costs on this kind of CPU) of every shipped preset, from the
-    ``# summary:`` and ``# cost …:`` lines at the top of its YAML."""
-    out = []
-    for name in list_presets(kind):
-        head = {}
-        for line in preset_path(name).read_text().splitlines()[:6]:
-            if line.startswith("# summary:"):
-                head["summary"] = line.split(":", 1)[1].strip()
-            elif line.startswith("# cost"):
-                head["cost"] = line.split(":", 1)[1].strip()
-        out.append((name, head.get("summary", ""), head.get("cost", "")))
-    return out
 
 
 def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:

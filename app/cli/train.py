@@ -32,10 +32,25 @@ def run_name(cfg, config_arg: str | None) -> str:
     return Path(config_arg).stem if config_arg else "synthetic_baseline"
 
 
+def describe_presets(kind: str = "train") -> list[tuple[str, str, str]]:
+    """(name, what it is, what it costs on this kind of CPU) of every shipped preset, from the
+    ``# summary:`` and ``# cost …:`` lines at the top of its YAML."""
+    from training.config import list_presets, preset_path
+
+    out = []
+    for name in list_presets(kind):
+        head = {}
+        for line in preset_path(name).read_text().splitlines()[:6]:
+            if line.startswith("# summary:"):
+                head["summary"] = line.split(":", 1)[1].strip()
+            elif line.startswith("# cost"):
+                head["cost"] = line.split(":", 1)[1].strip()
+        out.append((name, head.get("summary", ""), head.get("cost", "")))
+    return out
+
+
 def print_presets(kind: str) -> None:
     """One line per shipped preset: its name, what it is, what it costs on this kind of CPU."""
-    from training.config import describe_presets
-
     rows = describe_presets(kind)
     width = max(len(n) for n, _, _ in rows)
     for name, summary, cost in rows:
