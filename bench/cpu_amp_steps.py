@@ -5,8 +5,9 @@
 
 For each preset: the data and caches are prepared once (not timed), then fp32 and bf16 alternate
 (fp32, bf16, fp32, bf16) on the same first ``--steps`` batches of epoch 1 from the same initial
-model, after one untimed pass over those batches (TERN remembers its frozen MiniLM layers per caption
-on first sight). Reported: the best ms per step of each, their ratio, and the gap between the two
+model, after one untimed pass over those batches (kernels, allocator). Each measurement builds a fresh
+model, so TERN's steps include its frozen MiniLM layers on the step's captions, as in a first epoch
+(later epochs remember them and are faster). Reported: the best ms per step of each, their ratio, and the gap between the two
 precisions' mean loss over the timed steps. Where the CPU has no native bf16 (AVX512-BF16 / AMX),
 bf16 is emulated and slower: ``train.cpu_amp=auto`` keeps fp32 there. With ``--write`` the table
 replaces the section "## CPU training under bf16 autocast" in BENCHMARKS.md.
@@ -57,7 +58,7 @@ def bench_preset(config: str, n: int, extra: tuple[str, ...] = ()) -> dict:
             cfg = load_config(config, [*extra, f"train.cpu_amp={amp}"])
             data = data or prepare(cfg, show_progress=False)
             batches = epoch_batches(cfg.train.seed, 0, len(data.train_texts), cfg.train.batch_size)
-            if i == 0:  # untimed pass: caches the frozen layers' outputs, warms the allocator
+            if i == 0:  # untimed pass: warms kernels and the allocator
                 time_steps(set_up(cfg, data, torch.device("cpu"), Path(tmp), False), data, batches, n)
             torch.manual_seed(0)
             dt, loss = time_steps(set_up(cfg, data, torch.device("cpu"), Path(tmp), False), data, batches, n)
