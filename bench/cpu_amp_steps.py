@@ -75,7 +75,8 @@ def render(res: dict) -> str:
              f"`{res['command']}` (torch threads: {res['threads']}; load average before: {res['load']:.1f}).", "",
              f"The first {res['steps']} training steps of epoch 1 (batch 128, cached features), fp32 and bf16 autocast "
              "alternating from the same initial model; best of 2 each. Loss gap: mean loss over those steps, "
-             "bf16 − fp32.", "",
+             "bf16 − fp32. Each measurement builds a fresh model, so TERN's steps include its frozen MiniLM "
+             "layers (a first epoch's cost; later epochs remember them).", "",
              "| preset | family | fp32 ms/step | bf16 ms/step | speed-up | loss gap |", "|---|---|---:|---:|---:|---:|"]
     for r in res["runs"]:
         a, b = min(r["fp32"]), min(r["bf16"])
