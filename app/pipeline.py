@@ -6,6 +6,7 @@ middle resumes from its last checkpoint.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -31,29 +32,41 @@ def train_run(cfg, out: Path, *, resume: bool = False, show_progress: bool = Tru
     return train(cfg, out, validate=validator, resume=resume, data=data, show_progress=show_progress)
 
 
-def run_state(cfg: Config, run_dir: Path) -> str:
-    """``done`` (finished with this config), ``partial`` (resumable), ``absent`` or ``conflict``."""
+def _state(cfg, run_dir: Path, finished: Callable[[Path], bool]) -> str:
+    """``done`` (``finished(checkpoint)`` with this config and a best.pt), ``partial`` (resumable),
+    ``absent`` or ``conflict`` (the folder holds a run with another config)."""
     ckpt, saved = run_dir / "checkpoint.pt", run_dir / "config.yaml"
     if not ckpt.is_file():
         return "absent"
     if not saved.is_file() or yaml.safe_load(saved.read_text()) != cfg.to_dict():
         return "conflict"
-    meta = load_checkpoint(ckpt)
-    done = meta["epoch"] >= cfg.train.epochs and meta.get("step_in_epoch", 0) == 0
-    return "done" if done and (run_dir / "best.pt").is_file() else "partial"
+    return "done" if finished(ckpt) and (run_dir / "best.pt").is_file() else "partial"
+
+
+def _ensure(state: str, run_dir: Path, what: str, train: Callable[[bool], object]) -> Path:
+    """The run's best.pt: ``train(resume)`` unless the run is done; a conflicting folder is refused."""
+    if state == "conflict":
+        raise FileExistsError(f"{run_dir} holds a {what} with a different config; delete it or choose another output folder")
+    if state == "done":
+        log.info("reusing finished %s %s", what, run_dir)
+    else:
+        log.info("%s %s %s", "resuming" if state == "partial" else "training", what, run_dir)
+        train(state == "partial")
+    return run_dir / "best.pt"
+
+
+def run_state(cfg: Config, run_dir: Path) -> str:
+    """The state of a dual-encoder run (see :func:`_state`): done when every epoch is finished."""
+    def finished(ckpt: Path) -> bool:
+        meta = load_checkpoint(ckpt)
+        return meta["epoch"] >= cfg.train.epochs and meta.get("step_in_epoch", 0) == 0
+    return _state(cfg, run_dir, finished)
 
 
 def ensure_trained(cfg: Config, run_dir: Path, *, show_progress: bool = True) -> Path:
     """The run's best.pt, training or resuming only when needed."""
-    state = run_state(cfg, run_dir)
-    if state == "conflict":
-        raise FileExistsError(f"{run_dir} holds a run with a different config; delete it or choose another output folder")
-    if state == "done":
-        log.info("reusing finished run %s", run_dir)
-    else:
-        log.info("%s run %s", "resuming" if state == "partial" else "training", run_dir)
-        train_run(cfg, run_dir, resume=state == "partial", show_progress=show_progress)
-    return run_dir / "best.pt"
+    return _ensure(run_state(cfg, run_dir), run_dir, "run",
+                   lambda resume: train_run(cfg, run_dir, resume=resume, show_progress=show_progress))
 
 
 def ensure_indexed(checkpoint: Path, dataset: str | Path, split: str, index_dir: Path, *, shortcuts: str = "none",
@@ -113,34 +126,22 @@ def comparison_table(reports: dict[str, dict], ndcg_k: int = 25) -> str:
 
 # ---- captioners (`ltd demo --captioning`) --------------------------------------------------------
 def caption_run_state(cfg, run_dir: Path) -> str:
-    """Like :func:`run_state` for a captioner run: ``done``, ``partial``, ``absent`` or ``conflict``."""
+    """The state of a captioner run (see :func:`_state`): done when its last stage's epochs are finished."""
     from training.captioning.checkpoint import load_caption_checkpoint
 
-    ckpt, saved = run_dir / "checkpoint.pt", run_dir / "config.yaml"
-    if not ckpt.is_file():
-        return "absent"
-    if not saved.is_file() or yaml.safe_load(saved.read_text()) != cfg.to_dict():
-        return "conflict"
-    meta = load_caption_checkpoint(ckpt)
-    last = ("scst", cfg.scst.epochs) if cfg.scst.epochs else ("xe", cfg.xe.epochs)
-    done = (meta.get("stage"), meta.get("epoch")) == last and meta.get("step_in_epoch", 0) == 0
-    return "done" if done and (run_dir / "best.pt").is_file() else "partial"
+    def finished(ckpt: Path) -> bool:
+        meta = load_caption_checkpoint(ckpt)
+        last = ("scst", cfg.scst.epochs) if cfg.scst.epochs else ("xe", cfg.xe.epochs)
+        return (meta.get("stage"), meta.get("epoch")) == last and meta.get("step_in_epoch", 0) == 0
+    return _state(cfg, run_dir, finished)
 
 
 def ensure_captioner(cfg, run_dir: Path, *, show_progress: bool = True) -> Path:
     """The captioner run's best.pt, training or resuming only when needed."""
     from training.captioning.loop import train_captioner
 
-    state = caption_run_state(cfg, run_dir)
-    if state == "conflict":
-        raise FileExistsError(f"{run_dir} holds a captioner run with a different config; delete it or choose "
-                              "another output folder")
-    if state == "done":
-        log.info("reusing finished captioner %s", run_dir)
-    else:
-        log.info("%s captioner %s", "resuming" if state == "partial" else "training", run_dir)
-        train_captioner(cfg, run_dir, resume=state == "partial", show_progress=show_progress)
-    return run_dir / "best.pt"
+    return _ensure(caption_run_state(cfg, run_dir), run_dir, "captioner run",
+                   lambda resume: train_captioner(cfg, run_dir, resume=resume, show_progress=show_progress))
 
 
 def ensure_caption_report(checkpoint: Path, judges: dict[str, Path], out_dir: Path, *, split: str = "test",

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench._common import replace_section  # noqa: E402
+from bench._machine import load1, machine_line, today  # noqa: E402
 
 SECTION = "## CPU training under bf16 autocast (bench/cpu_amp_steps.py)"
 DEFAULT = ["flickr8k_tern_ltd", "flickr8k_vsrn_ltd", "flickr8k_baseline"]
@@ -95,10 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not os.environ.get("LTD_DATA_DIR"):
         p.error("set LTD_DATA_DIR to the Flickr8k folder")
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    res = {"machine": f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, Python {platform.python_version()}",
-           "native_bf16": cpu_bf16_fast(), "date": time.strftime("%Y-%m-%d"), "threads": torch.get_num_threads(),
-           "load": os.getloadavg()[0], "steps": args.steps,
+    res = {"machine": machine_line(), "native_bf16": cpu_bf16_fast(), "date": today(),
+           "threads": torch.get_num_threads(), "load": load1(), "steps": args.steps,
            "command": "python " + " ".join(["bench/cpu_amp_steps.py", *(argv if argv is not None else sys.argv[1:])]),
            "runs": []}
     for config in args.config or DEFAULT:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -31,13 +30,10 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench._common import replace_section  # noqa: E402
+from bench._machine import load1, machine_line, today  # noqa: E402
 
 SECTION = "## Reasoning encoders: training time per epoch (bench/reasoning_epochs.py)"
 DEFAULT = ["flickr8k_baseline", "flickr8k_vsrn_ltd", "flickr8k_tern_ltd"]
-
-
-def load() -> float:
-    return os.getloadavg()[0]
 
 
 def time_preset(config: str, epochs: int) -> dict:
@@ -49,9 +45,9 @@ def time_preset(config: str, epochs: int) -> dict:
     data = prepare(cfg, show_progress=False)  # caches (grid features, targets) outside the timing
     del data
     with tempfile.TemporaryDirectory() as tmp:
-        before, t = load(), time.perf_counter()
+        before, t = load1(), time.perf_counter()
         train_run(cfg, Path(tmp) / "run", show_progress=False)
-        wall, after = time.perf_counter() - t, load()
+        wall, after = time.perf_counter() - t, load1()
         rows = [json.loads(ln) for ln in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
     ep = [r for r in rows if r["type"] == "epoch"]
     steps = ep[-1]["step"] // len(ep)
@@ -93,9 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("set LTD_DATA_DIR to the Flickr8k folder")
     if args.threads:
         torch.set_num_threads(args.threads)
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    res = {"machine": f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, Python {platform.python_version()}",
-           "date": time.strftime("%Y-%m-%d"), "threads": torch.get_num_threads(), "niced": os.nice(0) > 0,
+    res = {"machine": machine_line(), "date": today(), "threads": torch.get_num_threads(), "niced": os.nice(0) > 0,
            "command": "python " + " ".join(["bench/reasoning_epochs.py", *(argv if argv is not None else sys.argv[1:])]),
            "runs": []}
     for config in args.config or DEFAULT:
