@@ -69,10 +69,15 @@ def evaluate_captioner(checkpoint: str | Path, *, dataset: str | None = None, sp
     report.update({"unique_%": round(100 * unique_share(caps), 2),
                    "novel_%": round(100 * novel_share(caps, train_caps), 2) if train_caps else None,
                    "n_images": len(keep), "mean_length": round(float(np.mean([len(c.split()) for c in caps])), 2)})
+    scored: dict[Path, dict] = {}  # a checkpoint given as --retrieval and as a --judge is scored once
+
     def judged(path: str | Path) -> dict:
-        judge = load_judge(path, ds, vocab.words, cache_dir=cache_dir, show_progress=show_progress)
-        sims = judge.similarities(judge.model.embed_texts(caps), torch.as_tensor(rows)).numpy()  # (captions, images)
-        return {k: round(v, 2) for k, v in self_retrieval(sims.T).items()}
+        key = Path(path).resolve()
+        if key not in scored:
+            judge = load_judge(path, ds, vocab.words, cache_dir=cache_dir, show_progress=show_progress)
+            sims = judge.similarities(judge.model.embed_texts(caps), torch.as_tensor(rows)).numpy()  # (captions, images)
+            scored[key] = {k: round(v, 2) for k, v in self_retrieval(sims.T).items()}
+        return dict(scored[key])
 
     if retrieval:
         report.update(judged(retrieval))
