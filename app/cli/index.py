@@ -55,6 +55,14 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     c.add_argument("--csv", help="also write every row to this CSV file")
     c.set_defaults(func=cmd_compare)
 
+    r = sub.add_parser("probe", parents=[common],
+                       help="how much of each caption's sentence embedding a model's caption and image embeddings hold "
+                            "(linear probes: fitted on one split's index, scored on another's)")
+    r.add_argument("--fit", required=True, help="index directory of the split the probes are fitted on (e.g. val)")
+    r.add_argument("--eval", required=True, help="index directory of the split they are scored on (e.g. test)")
+    r.add_argument("--target-model", default="", help="sentence encoder of the targets (default all-MiniLM-L6-v2)")
+    r.set_defaults(func=cmd_probe)
+
 
 def check_index_args(args: argparse.Namespace) -> str:
     """Every input of `ltd index`, checked before anything heavy is imported or loaded; the mode:
@@ -140,4 +148,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.csv:
         Path(args.csv).write_text(to_csv(rows))
     print(to_markdown(rows, a.name, b.name, top=args.top))
+    return 0
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from indexer.probe import probe_indexes
+
+    print(json.dumps(probe_indexes(args.fit, args.eval, target_model=args.target_model), indent=1))
     return 0
