@@ -47,6 +47,20 @@ def test_fast_runtimes_match_the_torch_reference(features, images, fp32):
         assert (out - ref).abs().max().item() <= 1e-4 * max(1.0, ref.abs().max().item()), name
 
 
+@pytest.mark.skipif("openvino" not in FAST, reason="openvino is not installed (extra [fast])")
+def test_openvino_splits_a_batch_across_its_streams_in_order(images, fp32):
+    """OpenVINO runs a batch as one slice per stream: rows come back in order, for every batch size
+    (a batch smaller than the number of streams included)."""
+    bb = EfficientNetLite0("pooled", image_size=96)
+    bb.set_runtime("openvino")
+    x = torch.cat([images, images.flip(0), images[:1]])   # 7 images: uneven slices
+    whole = bb.extract(x)
+    one_by_one = torch.cat([bb.extract(x[i:i + 1]) for i in range(len(x))])
+    assert whole.shape == (7, one_by_one.shape[1])
+    assert torch.allclose(whole, one_by_one, atol=1e-5), (whole - one_by_one).abs().max()
+    assert not torch.allclose(whole[0], whole[1])        # distinct rows: an order mix-up would show
+
+
 def test_auto_picks_the_fastest_installed_runtime(monkeypatch):
     cpu = torch.device("cpu")
     monkeypatch.setattr(runtimes, "installed", lambda n: n in ("torch", "onnxruntime", "openvino"))

@@ -132,20 +132,31 @@ def feature_dtype(runtime: str, bf16_cpu: bool) -> str:
     return "bfloat16-openvino" if runtime == "openvino" else "bfloat16"
 
 
-def _openvino(path: Path, bf16: bool = False) -> Callable[[np.ndarray], np.ndarray]:
+def _openvino(path: Path, bf16: bool = False, streams: bool = True) -> Callable[[np.ndarray], np.ndarray]:
     import openvino as ov
 
     core = ov.Core()
     compiled = core.compile_model(core.read_model(str(path)), "CPU", {
         "INFERENCE_PRECISION_HINT": "bf16" if bf16 else "f32", "INFERENCE_NUM_THREADS": _threads(), "PERFORMANCE_HINT": "THROUGHPUT"})
     out = compiled.output(0)
-    local = threading.local()  # an infer request serves one call at a time: one per thread (the server's pool)
+    # THROUGHPUT splits the threads into streams (2 on 2 cores, 1 thread each); one synchronous request
+    # uses only one of them. A batch is therefore cut into one slice per stream, run as parallel requests.
+    # (``streams=False``: one request, as before; bench/embed_engines.py measures the difference.)
+    n_streams = max(1, int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))) if streams else 1
+    local = threading.local()  # infer requests serve one call at a time: a set per thread (the server's pool)
 
     def run(x: np.ndarray) -> np.ndarray:
-        request = getattr(local, "request", None)
-        if request is None:
-            request = local.request = compiled.create_infer_request()
-        return np.array(request.infer({0: x})[out], copy=True)
+        requests = getattr(local, "requests", None)
+        if requests is None:
+            requests = local.requests = [compiled.create_infer_request() for _ in range(n_streams)]
+        parts = np.array_split(x, min(len(requests), max(1, len(x))))
+        for request, part in zip(requests, parts):
+            request.start_async({0: np.ascontiguousarray(part)})
+        results = []
+        for request in requests[:len(parts)]:
+            request.wait()
+            results.append(np.array(request.get_tensor(out).data, copy=True))
+        return np.concatenate(results) if len(results) > 1 else results[0]
     return run
 
 
