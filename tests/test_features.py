@@ -102,3 +102,33 @@ def test_transform_sees_python_int_indices_and_every_view(tmp_path):
     extract_features(MeanColour(), paths, cache_dir=tmp_path / "c", n_views=2, workers=0, show_progress=False,
                      transform=record, transform_id="record")
     assert seen == [int] * 6
+
+
+def test_concurrent_extractions_of_one_cache_entry_do_the_work_once(tmp_path):
+    """`ltd experiment --jobs 2` started two runs that both decoded all 8,000 Flickr8k images into the
+    same folder at once. The second must wait for the first and then find nothing left to do."""
+    import threading
+    import time
+
+    paths = _images(tmp_path, n=12)
+
+    class Slow(MeanColour):
+        def extract(self, images):
+            time.sleep(0.05)  # long enough for the other thread to arrive while this one holds the folder
+            return super().extract(images)
+
+    backbones, stores = [Slow(), Slow()], [None, None]
+
+    def run(k):
+        stores[k] = extract_features(backbones[k], paths, cache_dir=tmp_path / "c", batch_size=2, workers=0,
+                                     show_progress=False)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+    for t in threads:
+        t.join(30)
+    assert sum(b.calls for b in backbones) == len(paths)  # one of them extracted everything, the other nothing
+    np.testing.assert_array_equal(np.asarray(stores[0].features), np.asarray(stores[1].features))
+    assert (np.lib.format.open_memmap(stores[0].path / "status.npy", mode="r") == DONE).all()

@@ -2,7 +2,10 @@
 
 Layout of ``CACHE/features/<key>/``: ``features.npy`` (N, V, D) float16 memmap, ``status.npy``
 (N,) int8 (0 todo, 1 done, 2 failed), ``failed.json`` (index → reason), ``meta.json``. Work is
-flushed after every batch, so a killed extraction resumes where it stopped. Views: 1 = centre crop,
+flushed after every batch, so a killed extraction resumes where it stopped. One process at a time
+extracts into a folder (an exclusive ``flock`` on ``.lock``, released by the kernel if the holder
+dies): the runs of ``ltd experiment --jobs N`` that need the same features wait for the first, then
+read its cache, instead of all decoding the same images at once. Views: 1 = centre crop,
 2 = centre + mirror, 10 = corners + centre, each mirrored (FNE paper's ten crops).
 """
 from __future__ import annotations
@@ -10,8 +13,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import contextlib
+import fcntl
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,6 +99,35 @@ def extract_features(
     key = cache_key(backbone.cache_key(), paths, n_views, transform_id, draft)
     root = default_cache_dir(str(cache_dir)) / "features" / key
     root.mkdir(parents=True, exist_ok=True)
+    with _exclusive(root):
+        _extract_into(root, backbone, paths, n_views, batch_size, device, workers, transform, transform_id,
+                      show_progress, desc, draft)
+    failed_path = root / "failed.json"
+    failed = {int(k): v for k, v in json.loads(failed_path.read_text()).items()} if failed_path.exists() else {}
+    if failed:
+        log.warning("%d of %d images could not be read (see %s)", len(failed), len(paths), failed_path)
+    return FeatureStore(features=np.lib.format.open_memmap(root / "features.npy", mode="r"), failed=failed, key=key,
+                        path=root)
+
+
+@contextlib.contextmanager
+def _exclusive(root: Path) -> Iterator[None]:
+    with open(root / ".lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another process is extracting features into %s: waiting for it", root)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _extract_into(root: Path, backbone: Backbone, paths: list[Path], n_views: int, batch_size: int, device,
+                  workers: int | None, transform: ImageTransform | None, transform_id: str, show_progress: bool,
+                  desc: str, draft: bool) -> None:
+    """Fill ``root``'s memmaps for every image still marked TODO (all of them in a new folder)."""
     fpath, spath = root / "features.npy", root / "status.npy"
     n, dim = len(paths), backbone.out_dim
     if fpath.exists() and spath.exists():
@@ -135,9 +169,6 @@ def extract_features(
                 write_json_atomic(failed_path, {str(k): v for k, v in sorted(failed.items())})
             bar.update(len(idx) + len(bad))
         bar.close()
-    if failed:
-        log.warning("%d of %d images could not be read (see %s)", len(failed), n, failed_path)
-    return FeatureStore(features=np.lib.format.open_memmap(fpath, mode="r"), failed=failed, key=key, path=root)
 
 
 def load_precomputed(path: str | Path, image_ids: Sequence[int], filenames: Sequence[str]) -> FeatureStore:
