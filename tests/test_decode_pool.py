@@ -60,3 +60,12 @@ def test_draft_decoding_has_its_own_cache_key(tmp_path):
     key = {"backbone": "x"}
     assert cache_key(key, paths, 1) != cache_key(key, paths, 1, draft=True)
     assert decode_key(False) == {}  # keys written before draft decoding existed stay valid
+
+
+def test_default_decoder_pool_scales_with_the_cores_it_may_use():
+    from training.data.decode_pool import default_workers
+
+    assert default_workers(1000, 32, cores=2) == 2  # one decoder starved OpenVINO's streams on 2 cores
+    assert default_workers(1000, 32, cores=16) == 9
+    assert default_workers(1000, 32, cores=1) == 0  # nothing to overlap with
+    assert default_workers(32, 32, cores=8) == 0  # a single batch: a pool only adds its start-up
