@@ -27,13 +27,23 @@ from training.progress import progress
 log = logging.getLogger(__name__)
 
 
+CAPTION_SHARD_FACTOR = 16
+
+
 @dataclass
 class RayOptions:
     address: str | None = None  # None: start a local cluster
     workers: int = 1  # actors (one model each)
-    shard_size: int = 1024  # each shard restarts the decode pipeline (~0.5 s); a kill loses at most one
+    shard_size: int = 1024  # images per shard: each restarts the decode pipeline; a kill loses at most one
     shard_dir: Path | None = None  # default: next to the index directory, OUT.shards
     threads: int | None = None  # torch threads per actor; default cores / workers on a local cluster, else 1
+
+    @property
+    def caption_shard_size(self) -> int:
+        """A caption costs ~1/200 of an image to embed (bi-GRU vs CNN + JPEG decoding on 2 cores), so
+        caption shards hold 16× as many items: 1,024-caption shards spent more time in Ray's per-task
+        hand-offs than in the encoder (0.05 s of work each)."""
+        return CAPTION_SHARD_FACTOR * self.shard_size
 
 
 class _Embedder:
@@ -47,6 +57,9 @@ class _Embedder:
 
         torch.set_num_threads(threads)
         self.lm = load_model(checkpoint, device, runtime)
+        # Decoders per actor as ``default_workers`` gives a process of ``threads`` cores, but at least one:
+        # a 1-thread actor shares a node with other actors, and decoding in its own thread stalls the CNN.
+        self.decoders = threads // 2 + 1
         self.folder = Path(folder)
         self.init = (started, time.time())  # reported with the actor's first shard, then NaN
 
@@ -61,7 +74,7 @@ class _Embedder:
             items = [str(x) for x in items]
             positions = np.arange(shard.start, shard.stop)
             if shard.kind == "images":
-                vecs, failed = embed_image_files(self.lm.model, items)
+                vecs, failed = embed_image_files(self.lm.model, items, workers=self.decoders if len(items) > 32 else 0)
                 ok = np.array([p for k, p in enumerate(positions) if k not in failed], np.int64)
                 sh.write_shard(self.folder, shard, ok, vecs, {int(positions[k]): r for k, r in failed.items()})
             else:
@@ -90,6 +103,34 @@ def _timings(t_start: float, t_end: float, rows: list[dict], workers: int) -> di
     return out
 
 
+def start_cluster(opts: RayOptions, threads: int) -> bool:
+    """Join ``opts.address``, or start a local cluster sized for the actors; False when Ray was already up."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    # A local cluster's workers run at this command's priority: Ray's default raises their niceness
+    # by 15, so beside any other busy process they would get a small share of the cores.
+    kw = {} if opts.address else {"num_cpus": max(os.cpu_count() or 1, opts.workers * threads) + 1,
+                                  "object_store_memory": 300 * 2**20, "include_dashboard": False,
+                                  "_system_config": {"worker_niceness": 0}}
+    ray.init(address=opts.address, log_to_driver=False, logging_level=logging.WARNING, **kw)
+    return True
+
+
+def quiet_ray_data() -> None:
+    """Our own progress bar reports the run: Ray Data's bars (logged every few seconds when stdout is
+    not a terminal) and its INFO lines about the execution plan only add noise and driver work."""
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.enable_operator_progress_bars = False
+    ctx.enable_auto_log_stats = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "progress bars disabled"
+
+
 def _run(todo: list[sh.Shard], items: dict[str, list[str]], folder: Path, checkpoint: Path, opts: RayOptions,
          device: str, runtime: str | None, show_progress: bool) -> None:
     try:
@@ -99,16 +140,14 @@ def _run(todo: list[sh.Shard], items: dict[str, list[str]], folder: Path, checkp
     cores = os.cpu_count() or 1
     threads = opts.threads or (max(1, cores // opts.workers) if opts.address is None else 1)
     t_start = time.time()
-    started = not ray.is_initialized()
-    if started:
-        kw = {} if opts.address else {"num_cpus": max(cores, opts.workers * threads) + 1,
-                                      "object_store_memory": 300 * 2**20, "include_dashboard": False}
-        ray.init(address=opts.address, log_to_driver=False, logging_level=logging.WARNING, **kw)
+    started = start_cluster(opts, threads)
+    quiet_ray_data()
     try:
         rows = [{"kind": s.kind, "index": s.index, "start": s.start, "stop": s.stop,
                  "items": items[s.kind][s.start : s.stop]} for s in todo]
         ds = ray.data.from_items(rows, override_num_blocks=len(rows))
-        out = ds.map_batches(_Embedder, batch_size=1, concurrency=opts.workers, num_cpus=threads,
+        out = ds.map_batches(_Embedder, batch_size=1, compute=ray.data.ActorPoolStrategy(size=opts.workers),
+                             num_cpus=threads,
                              fn_constructor_kwargs={"checkpoint": str(checkpoint), "folder": str(folder),
                                                     "device": device, "runtime": runtime, "threads": threads})
         total = sum(s.stop - s.start for s in todo)
@@ -133,11 +172,12 @@ def ray_embed(checkpoint: str | Path, checkpoint_sha256: str, image_paths: list[
               show_progress: bool = True) -> tuple[np.ndarray, dict[int, str], np.ndarray]:
     """(image vectors of the readable images in order, {position: reason} of the others, caption vectors)."""
     items = {"images": [str(Path(p).resolve()) for p in image_paths], "captions": list(texts)}
-    plan = {"checkpoint_sha256": checkpoint_sha256, "shard_size": opts.shard_size, "runtime": runtime or "",
+    plan = {"checkpoint_sha256": checkpoint_sha256, "shard_size": opts.shard_size,
+            "caption_shard_size": opts.caption_shard_size, "runtime": runtime or "",
             **{f"{k}_digest": sh.items_digest(v) for k, v in items.items()},
             **{f"{k}_count": len(v) for k, v in items.items()}}
     folder = sh.open_shard_dir(opts.shard_dir, plan)
-    shards = sh.plan_shards({k: len(v) for k, v in items.items()}, opts.shard_size)
+    shards = sh.plan_shards({k: len(v) for k, v in items.items()}, opts.shard_size, opts.caption_shard_size)
     finished = sh.done(folder, shards)
     todo = [s for s in shards if s.name not in finished]
     if finished:

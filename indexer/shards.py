@@ -45,11 +45,12 @@ def items_digest(items: Sequence[str]) -> str:
     return h.hexdigest()
 
 
-def plan_shards(counts: dict[str, int], shard_size: int) -> list[Shard]:
+def plan_shards(counts: dict[str, int], shard_size: int, caption_shard_size: int | None = None) -> list[Shard]:
+    """Image shards of ``shard_size`` items, caption shards of ``caption_shard_size`` (default the same)."""
     out = []
     for kind in KINDS:
-        n = counts.get(kind, 0)
-        out += [Shard(kind, i, a, min(a + shard_size, n)) for i, a in enumerate(range(0, n, shard_size))]
+        n, size = counts.get(kind, 0), (caption_shard_size or shard_size) if kind == "captions" else shard_size
+        out += [Shard(kind, i, a, min(a + size, n)) for i, a in enumerate(range(0, n, size))]
     return out
 
 

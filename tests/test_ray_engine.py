@@ -31,6 +31,8 @@ def test_shards_are_planned_written_whole_and_tied_to_their_plan(tmp_path):
     assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporaries left
     ids, vecs, failed = sh.read_shards(folder, shards[:2], "images", 4)
     assert ids.tolist() == [0, 1, 2] and vecs.shape == (3, 4) and failed == {3: "corrupt"}
+    assert [(s.kind, s.start, s.stop) for s in sh.plan_shards({"images": 3, "captions": 5}, 2, 4)] == [
+        ("images", 0, 2), ("images", 2, 3), ("captions", 0, 4), ("captions", 4, 5)]
     assert sh.open_shard_dir(tmp_path / "s", {"plan": 1}) and sh.done(folder, shards)  # same plan: kept
     sh.open_shard_dir(tmp_path / "s", {"plan": 2})  # another checkpoint or corpus: afresh
     assert sh.done(folder, shards) == set()
@@ -120,7 +122,7 @@ def test_a_killed_ray_run_resumes_from_its_finished_shards(trained, tmp_path):
         os.killpg(proc.pid, signal.SIGKILL)  # the driver and what it started in its session
         proc.wait(timeout=30)
     before = {p.name: p.stat().st_mtime_ns for p in shards.glob("*.npz")}
-    plan = sh.plan_shards({"images": 60, "captions": 300}, 2)
+    plan = sh.plan_shards({"images": 60, "captions": 300}, 2, 32)
     assert 0 < len(before) < len(plan) and not out.exists()
     opts = RayOptions(shard_size=2, shard_dir=shards)
     import indexer.ray_engine as re_mod
@@ -147,3 +149,21 @@ def test_a_killed_ray_run_resumes_from_its_finished_shards(trained, tmp_path):
     cos = np.sum(np.asarray(ix.images.vectors) * np.asarray(local.images.vectors), axis=1)
     assert cos.min() > 0.99999
     np.testing.assert_allclose(ix.captions.vectors, local.captions.vectors, atol=1e-5)
+
+
+@ray_installed
+def test_a_local_cluster_runs_its_workers_at_the_commands_priority(tmp_path):
+    """Ray starts workers 15 nice levels below the raylet by default, so an index run beside any other
+    busy process got a sliver of the cores. Run in a child niced by 3: its workers must stay at 3."""
+    code = ("import os, ray\n"
+            "from indexer.ray_engine import RayOptions, start_cluster\n"
+            "assert start_cluster(RayOptions(), threads=1)\n"
+            "assert not start_cluster(RayOptions(), threads=1)  # already up: joined, not restarted\n"
+            "print('NICE', os.nice(0), ray.get(ray.remote(lambda: os.nice(0)).remote()))\n"
+            "ray.shutdown()\n")
+    out = subprocess.run(["nice", "-n", "3", sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"})
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("NICE")]
+    assert line, out.stderr[-2000:]
+    driver, worker = map(int, line[0].split()[1:])
+    assert driver == os.nice(0) + 3 and worker == driver
