@@ -132,3 +132,38 @@ def test_concurrent_extractions_of_one_cache_entry_do_the_work_once(tmp_path):
     assert sum(b.calls for b in backbones) == len(paths)  # one of them extracted everything, the other nothing
     np.testing.assert_array_equal(np.asarray(stores[0].features), np.asarray(stores[1].features))
     assert (np.lib.format.open_memmap(stores[0].path / "status.npy", mode="r") == DONE).all()
+
+
+def test_concurrent_runs_compute_the_ltd_targets_once(tmp_path, monkeypatch):
+    """The same for the sentence-encoder targets: two grid runs started together computed the 30,000
+    Flickr8k targets of the 420 MB mpnet model side by side. The second must read the first's file."""
+    import threading
+    import time
+
+    from training import targets
+
+    monkeypatch.setattr(targets, "resolve_sentence_model", lambda path="": tmp_path)
+    monkeypatch.setattr(targets, "model_identity", lambda path: {"model": "fake"})
+    calls = []
+
+    def fake_compute(texts, path, model_path, out, batch_size, device, show_progress):
+        calls.append(1)
+        time.sleep(0.2)
+        emb = np.arange(len(texts) * 3, dtype=np.float32).reshape(len(texts), 3)
+        targets.save_npy_atomic(out, emb)
+        return emb
+
+    monkeypatch.setattr(targets, "_compute", fake_compute)
+    results = [None, None]
+
+    def run(k):
+        results[k] = targets.compute_targets(["a dog", "two cats"], cache_dir=str(tmp_path / "c"), show_progress=False)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+    for t in threads:
+        t.join(30)
+    assert len(calls) == 1
+    np.testing.assert_array_equal(results[0], results[1])

@@ -13,10 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import contextlib
-import fcntl
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +22,7 @@ import numpy as np
 import torch
 from training.progress import progress
 
-from training.fsio import write_json_atomic
+from training.fsio import exclusive, write_json_atomic
 from training.data.decode_pool import ImageTransform, decode_key, decoded_batches
 from training.models.backbones import Backbone
 
@@ -99,7 +97,7 @@ def extract_features(
     key = cache_key(backbone.cache_key(), paths, n_views, transform_id, draft)
     root = default_cache_dir(str(cache_dir)) / "features" / key
     root.mkdir(parents=True, exist_ok=True)
-    with _exclusive(root):
+    with exclusive(root / ".lock", f"the features in {root}"):
         _extract_into(root, backbone, paths, n_views, batch_size, device, workers, transform, transform_id,
                       show_progress, desc, draft)
     failed_path = root / "failed.json"
@@ -108,20 +106,6 @@ def extract_features(
         log.warning("%d of %d images could not be read (see %s)", len(failed), len(paths), failed_path)
     return FeatureStore(features=np.lib.format.open_memmap(root / "features.npy", mode="r"), failed=failed, key=key,
                         path=root)
-
-
-@contextlib.contextmanager
-def _exclusive(root: Path) -> Iterator[None]:
-    with open(root / ".lock", "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("another process is extracting features into %s: waiting for it", root)
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _extract_into(root: Path, backbone: Backbone, paths: list[Path], n_views: int, batch_size: int, device,

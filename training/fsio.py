@@ -11,7 +11,9 @@ This module sits at the bottom of the import graph (``training``), so every laye
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -137,3 +139,20 @@ def save_npy_atomic(path: str | Path, array, *, durable: bool = True) -> Path:
         with open(tmp, "wb") as f:  # an open file: np.save would otherwise append ".npy" to the name
             np.save(f, np.asarray(array), allow_pickle=False)
     return Path(path)
+
+
+@contextlib.contextmanager
+def exclusive(lock_file: str | Path, what: str = "") -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_file`` (created if missing) for the block: one process at
+    a time computes a cache entry, the others wait and then find it done. The kernel releases the lock
+    when its holder dies, so a killed process never leaves it stuck."""
+    with open(lock_file, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logging.getLogger(__name__).info("another process is computing %s: waiting for it", what or lock_file)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

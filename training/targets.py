@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from training.features import default_cache_dir
-from training.fsio import save_npy_atomic
+from training.fsio import exclusive, save_npy_atomic
 from training.progress import bars
 from training.models.backbones import cpu_bf16_fast
 
@@ -82,10 +82,18 @@ def compute_targets(
         h.update(t.encode("utf-8") + b"\0")
     key = h.hexdigest()[:24]
     out = default_cache_dir(cache_dir) / "targets" / f"{key}.npy"
-    if out.is_file():
-        arr = np.load(out)
-        if arr.shape[0] == len(texts):
-            return arr
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Parallel runs of one grid need the same targets: one process computes them, the others wait.
+    with exclusive(out.with_suffix(".lock"), f"the LTD targets {out.name}"):
+        if out.is_file():
+            arr = np.load(out)
+            if arr.shape[0] == len(texts):
+                return arr
+        return _compute(texts, path, model_path, out, batch_size, device, show_progress)
+
+
+def _compute(texts: Sequence[str], path: Path, model_path: str, out: Path, batch_size: int, device: str,
+             show_progress: bool) -> np.ndarray:
     model = load_sentence_model(model_path, device)
     # bf16 autocast doubles CPU throughput on CPUs with native bf16 (cosine to fp32 > 0.9999).
     ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if device == "cpu" and cpu_bf16_fast()
