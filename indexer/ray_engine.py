@@ -57,14 +57,13 @@ class _Embedder:
 
         torch.set_num_threads(threads)
         self.lm = load_model(checkpoint, device, runtime)
-        # Decoders per actor as ``default_workers`` gives a process of ``threads`` cores, but at least one:
-        # a 1-thread actor shares a node with other actors, and decoding in its own thread stalls the CNN.
-        self.decoders = threads // 2 + 1
+        self.threads = threads  # sizes the decoder pool: actors sharing a node must not each take all its cores
         self.folder = Path(folder)
         self.init = (started, time.time())  # reported with the actor's first shard, then NaN
 
     def __call__(self, batch: dict) -> dict:
         from indexer.embed import embed_captions, embed_image_files
+        from training.data.decode_pool import default_workers
 
         t0 = time.perf_counter()
         names, counts = [], []
@@ -74,7 +73,8 @@ class _Embedder:
             items = [str(x) for x in items]
             positions = np.arange(shard.start, shard.stop)
             if shard.kind == "images":
-                vecs, failed = embed_image_files(self.lm.model, items, workers=self.decoders if len(items) > 32 else 0)
+                decoders = default_workers(len(items), 32, self.threads)
+                vecs, failed = embed_image_files(self.lm.model, items, workers=decoders)
                 ok = np.array([p for k, p in enumerate(positions) if k not in failed], np.int64)
                 sh.write_shard(self.folder, shard, ok, vecs, {int(positions[k]): r for k, r in failed.items()})
             else:

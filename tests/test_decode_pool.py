@@ -62,10 +62,14 @@ def test_draft_decoding_has_its_own_cache_key(tmp_path):
     assert decode_key(False) == {}  # keys written before draft decoding existed stay valid
 
 
-def test_default_decoder_pool_scales_with_the_cores_it_may_use():
+def test_default_decoder_pool_scales_with_the_inference_threads(monkeypatch):
     from training.data.decode_pool import default_workers
 
-    assert default_workers(1000, 32, cores=2) == 2  # one decoder starved OpenVINO's streams on 2 cores
-    assert default_workers(1000, 32, cores=16) == 9
-    assert default_workers(1000, 32, cores=1) == 0  # nothing to overlap with
-    assert default_workers(32, 32, cores=8) == 0  # a single batch: a pool only adds its start-up
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert default_workers(1000, 32) == 2  # one decoder starved OpenVINO's streams on 2 cores
+    assert default_workers(1000, 32, threads=1) == 1  # a 1-thread Ray actor: still overlaps decoding
+    assert default_workers(32, 32) == 0  # a single batch: a pool only adds its start-up
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert default_workers(1000, 32) == 9
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    assert default_workers(1000, 32) == 0  # nothing to overlap with

@@ -104,10 +104,22 @@ def test_transform_sees_python_int_indices_and_every_view(tmp_path):
     assert seen == [int] * 6
 
 
+def _side_by_side(run) -> None:
+    """``run(0)`` and ``run(1)`` in two threads, the second started just after the first."""
+    import threading
+    import time
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+    for t in threads:
+        t.join(30)
+
+
 def test_concurrent_extractions_of_one_cache_entry_do_the_work_once(tmp_path):
     """`ltd experiment --jobs 2` started two runs that both decoded all 8,000 Flickr8k images into the
     same folder at once. The second must wait for the first and then find nothing left to do."""
-    import threading
     import time
 
     paths = _images(tmp_path, n=12)
@@ -123,12 +135,7 @@ def test_concurrent_extractions_of_one_cache_entry_do_the_work_once(tmp_path):
         stores[k] = extract_features(backbones[k], paths, cache_dir=tmp_path / "c", batch_size=2, workers=0,
                                      show_progress=False)
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
-    for t in threads:
-        t.start()
-        time.sleep(0.02)
-    for t in threads:
-        t.join(30)
+    _side_by_side(run)
     assert sum(b.calls for b in backbones) == len(paths)  # one of them extracted everything, the other nothing
     np.testing.assert_array_equal(np.asarray(stores[0].features), np.asarray(stores[1].features))
     assert (np.lib.format.open_memmap(stores[0].path / "status.npy", mode="r") == DONE).all()
@@ -137,7 +144,6 @@ def test_concurrent_extractions_of_one_cache_entry_do_the_work_once(tmp_path):
 def test_concurrent_runs_compute_the_ltd_targets_once(tmp_path, monkeypatch):
     """The same for the sentence-encoder targets: two grid runs started together computed the 30,000
     Flickr8k targets of the 420 MB mpnet model side by side. The second must read the first's file."""
-    import threading
     import time
 
     from training import targets
@@ -159,11 +165,6 @@ def test_concurrent_runs_compute_the_ltd_targets_once(tmp_path, monkeypatch):
     def run(k):
         results[k] = targets.compute_targets(["a dog", "two cats"], cache_dir=str(tmp_path / "c"), show_progress=False)
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
-    for t in threads:
-        t.start()
-        time.sleep(0.02)
-    for t in threads:
-        t.join(30)
+    _side_by_side(run)
     assert len(calls) == 1
     np.testing.assert_array_equal(results[0], results[1])

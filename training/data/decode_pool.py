@@ -69,16 +69,16 @@ def collate_views(items):
     return idx, x, bad
 
 
-def default_workers(n_items: int, batch_size: int, cores: int | None = None) -> int:
-    """Decoding processes beside the inference threads: one per two cores plus one (2 on 2 cores),
-    none for a single batch or core. Decoding a 640×480 JPEG costs about half as much CPU as the CNN
-    step on it, so one decoder starves a fast engine: on 2 cores OpenVINO's pinned streams left a
-    quarter of the CPU idle with one decoder (108 → 135 images/s with two; torch and ONNX Runtime,
-    which already kept both cores busy, neither gained nor lost; BENCHMARKS.md "Image embedding
-    engines"). A decoder with nothing to do blocks on the prefetch queue and costs nothing.
-    ``cores``: the CPUs this process may use (default: all)."""
-    cores = cores or os.cpu_count() or 1
-    return cores // 2 + 1 if cores > 1 and n_items > batch_size else 0
+def default_workers(n_items: int, batch_size: int, threads: int | None = None) -> int:
+    """Decoding processes beside ``threads`` inference threads (default: one per core): one per two
+    threads plus one (2 on 2 cores; 1 for a 1-thread Ray actor), none for a single batch or on a
+    single-core machine. Decoding a 640×480 JPEG costs about half as much CPU as the CNN step on it,
+    so one decoder starves a fast engine: on 2 cores OpenVINO's pinned streams left a quarter of the
+    CPU idle with one decoder (108 → 135 images/s with two; torch and ONNX Runtime, which already kept
+    both cores busy, neither gained nor lost; BENCHMARKS.md "Image embedding engines"). A decoder with
+    nothing to do blocks on the prefetch queue and costs nothing."""
+    cores = os.cpu_count() or 1
+    return (threads or cores) // 2 + 1 if cores > 1 and n_items > batch_size else 0
 
 
 _WORKER_VIEWS: ImageViews | None = None  # the dataset a pool worker decodes from (set by its initializer)
