@@ -114,15 +114,18 @@ def test_generate_writes_json_lines_for_a_split_and_a_folder(sr_run, tmp_path, c
 
 
 @pytest.mark.slow
-def test_resume_gives_the_same_next_steps(judge, tmp_path, monkeypatch):
+@pytest.mark.parametrize("baseline", [[], ["scst.samples=3", "scst.baseline=mean", "scst.distractors=5"]],
+                         ids=["greedy", "mean_of_3"])
+def test_resume_gives_the_same_next_steps(judge, tmp_path, monkeypatch, baseline):
     """SR-PL run killed after its first SCST epoch, resumed: the same steps and rewards as a run that
-    never stopped (negatives, samples and dropout are seeded per step)."""
+    never stopped (negatives, samples and dropout are seeded per step), with the paper's greedy
+    baseline and with 3 samples per image, the mean of the others as the baseline and 5 distractors."""
     from training.captioning import checkpoint as ck
     from training.captioning.config import load_caption_config
     from training.captioning.loop import train_captioner
 
     cfg = lambda: load_caption_config("caption_synthetic_sr_pl", TINY_CAP + [  # noqa: E731
-        f"train.retrieval={judge}", "scst.h_min=1", "scst.h_max=5"])
+        f"train.retrieval={judge}", "scst.h_min=1", "scst.h_max=5", *baseline])
     full = train_captioner(cfg(), tmp_path / "full", show_progress=False)
     real = ck.save_caption_checkpoint
 
@@ -166,6 +169,10 @@ def test_config_errors_and_presets(tmp_path):
         load_caption_config("caption_synthetic_xe", ["scst.retrieval_loss=hinge"])
     with pytest.raises(ConfigError, match="unknown config key 'xe.epoch'"):
         load_caption_config("caption_synthetic_xe", ["xe.epoch=3"])
+    with pytest.raises(ConfigError, match="mean needs scst.samples >= 2"):
+        load_caption_config("caption_synthetic_xe", ["scst.baseline=mean"])
+    with pytest.raises(ConfigError, match="scst.baseline='max' is not valid"):
+        load_caption_config("caption_synthetic_xe", ["scst.baseline=max", "scst.samples=2"])
     with pytest.raises(ConfigError, match="h_min"):
         load_caption_config("caption_synthetic_xe", ["scst.h_min=50", "scst.h_max=10"])
 

@@ -14,7 +14,7 @@ import torch
 from training.captioning.decoding import Specials, allowed_log_probs, beam_search, greedy, sample
 from training.captioning.negatives import NegativeSampler
 from training.captioning.retrieval_reward import retrieval_loss
-from training.captioning.scst import scst_loss
+from training.captioning.scst import mean_of_others, scst_loss
 from training.captioning.vocab import CaptionVocab, sequence_lengths
 from training.captioning.xe import feedback_probability
 
@@ -161,10 +161,20 @@ def test_scst_gradient_is_unbiased_for_any_constant_baseline():
         torch.testing.assert_close(est, -true_grad)  # descending the loss ascends the expected reward
 
 
-def test_scst_moves_a_toy_policy_to_the_best_sequence():
+def test_mean_of_others_baseline_by_hand():
+    # 3 samples (blocks) of 2 images: image 0 got 1, 2, 6; image 1 got 0, 0, 3
+    r = torch.tensor([1.0, 0.0, 2.0, 0.0, 6.0, 3.0])
+    torch.testing.assert_close(mean_of_others(r, 3), torch.tensor([4.0, 1.5, 3.5, 1.5, 1.5, 0.0]))
+    with pytest.raises(ValueError):
+        mean_of_others(r, 1)
+
+
+@pytest.mark.parametrize("baseline", ["greedy", "mean"])
+def test_scst_moves_a_toy_policy_to_the_best_sequence(baseline):
     """Per-position categorical policy over 3 words, 3 positions; reward = matches with the target
-    sequence (4, 5, 1) plus a bonus for the whole sequence. Self-critical training with the greedy
-    baseline, one sample per 'image', must put most probability on the target."""
+    sequence (4, 5, 1) plus a bonus for the whole sequence. Self-critical training — the paper's
+    greedy baseline with one sample per 'image', or 4 samples with the mean of the others as the
+    baseline — must put most probability on the target."""
     torch.manual_seed(0)
     target = torch.tensor([4, 5, 1])
     logits = torch.zeros(3, 6, requires_grad=True)
@@ -187,11 +197,16 @@ def test_scst_moves_a_toy_policy_to_the_best_sequence():
         return float(torch.exp(lp[torch.arange(3), target].sum()))
 
     start = p_target()
+    k = 1 if baseline == "greedy" else 4
     for _ in range(150):
-        with torch.no_grad():
-            g_ids, _ = greedy(step, (torch.zeros(n, dtype=torch.long),), n, max_len, SP)
-        ids, lp, mask = sample(step, (torch.zeros(n, dtype=torch.long),), n, max_len, SP, generator=gen)
-        loss = scst_loss(lp, mask, reward(ids), reward(g_ids))
+        ids, lp, mask = sample(step, (torch.zeros(n * k, dtype=torch.long),), n * k, max_len, SP, generator=gen)
+        if baseline == "greedy":
+            with torch.no_grad():
+                g_ids, _ = greedy(step, (torch.zeros(n, dtype=torch.long),), n, max_len, SP)
+            b = reward(g_ids)
+        else:
+            b = mean_of_others(reward(ids), k)
+        loss = scst_loss(lp, mask, reward(ids), b)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -215,6 +230,30 @@ def test_retrieval_losses_by_hand():
     valid = torch.tensor([[True, False, True]])  # image 1 hidden from the query
     torch.testing.assert_close(retrieval_loss(sims2, torch.tensor([0]), "vse_max", margin=m, valid=valid),
                                torch.tensor([0.1]))
+
+
+class _StubJudge:
+    """Caption i's embedding is one-hot on its first word; image r's is one-hot on r % 4."""
+
+    def embed_ids(self, ids, lengths):
+        return torch.nn.functional.one_hot(ids[:, 0] % 4, 4).float()
+
+    def similarities(self, emb, rows):
+        return emb @ torch.nn.functional.one_hot(rows % 4, 4).float().T
+
+
+def test_retrieval_reward_counts_distractors_as_candidates_only():
+    from training.captioning.scst import SelfRetrievalReward
+
+    reward = SelfRetrievalReward(None, _StubJudge(), eos_id=3, cider_weight=0.0, alpha=1.0, margin=0.2)
+    ids = torch.tensor([[1, 3], [2, 3]])  # caption 0 matches image row 1 exactly, caption 1 matches row 2
+    rows, refs = np.array([1, 2]), np.array([-1, -1])
+    alone = reward(ids, rows, refs)
+    torch.testing.assert_close(alone.r_ret, torch.tensor([0.0, 0.0]))  # 1 − 0 ≥ margin: no hinge
+    # a distractor that looks exactly like image 1 (row 5 ≡ 1 mod 4): caption 0's hinge is the margin
+    more = reward(ids, rows, refs, np.array([5, 7]))
+    torch.testing.assert_close(more.r_ret, torch.tensor([-0.2, 0.0]))
+    assert more.total.shape == (2,)  # still one reward per caption: distractors get none
 
 
 def test_negative_sampler_modes():

@@ -65,6 +65,10 @@ class SCSTConfig:
     h_max: int = 100
     temperature: float = 1.0  # sampling temperature of the policy's samples
     grad_clip: float = 0.1
+    samples: int = 1  # sampled captions per image per step (the paper: 1)
+    baseline: str = "greedy"  # greedy: r(greedy caption), the paper's self-critical baseline;
+    # mean: the mean reward of the image's other samples (needs samples >= 2; Luo 2020's variant)
+    distractors: int = 0  # random training images added to the retrieval reward's candidates (no captions)
 
 
 @dataclass
@@ -97,7 +101,8 @@ class CaptionConfig:
 
 
 CHOICES = {"scst.retrieval_loss": ("vse_max", "vse_sum", "softmax"),
-           "scst.negatives": ("moderate", "random", "hardest"), "train.device": ("auto", "cpu", "cuda")}
+           "scst.negatives": ("moderate", "random", "hardest"),
+           "scst.baseline": ("greedy", "mean"), "train.device": ("auto", "cpu", "cuda")}
 
 
 def validate_caption_config(cfg: CaptionConfig) -> None:
@@ -122,6 +127,9 @@ def validate_caption_config(cfg: CaptionConfig) -> None:
         ("xe.ss_every", x.ss_every >= 1, "must be >= 1"),
         ("scst.alpha", s.alpha >= 0, "must be >= 0"),
         ("scst.temperature", s.temperature > 0, "must be > 0"),
+        ("scst.samples", s.samples >= 1, "must be >= 1"),
+        ("scst.distractors", s.distractors >= 0, "must be >= 0"),
+        ("scst.baseline", s.baseline == "greedy" or s.samples >= 2, "mean needs scst.samples >= 2"),
         ("scst.tau", s.tau > 0, "must be > 0"),
         ("scst.h_min", 1 <= s.h_min <= s.h_max, "must satisfy 1 <= h_min <= h_max"),
         ("model.dropout", 0 <= cfg.model.dropout < 1, "must be in [0, 1)"),

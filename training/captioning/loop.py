@@ -27,7 +27,7 @@ from training.captioning.inference import decode_regions, specials
 from training.captioning.model import build_captioner
 from training.captioning.negatives import NegativeSampler
 from training.captioning.retrieval_reward import Judge, load_judge, unlabelled_ranks
-from training.captioning.scst import SelfRetrievalReward, scst_loss
+from training.captioning.scst import SelfRetrievalReward, mean_of_others, scst_loss
 from training.captioning.vocab import CaptionVocab, sequence_lengths
 from training.captioning.xe import epoch_captions, feedback_probability, xe_loss
 from training.checkpoint import sha256_file, versions
@@ -156,24 +156,41 @@ class CaptionRun:
             rows = np.concatenate([rows, self.pool_rows[neg]])
             refs = np.concatenate([refs, -np.ones(len(neg), np.int64)])  # unlabelled: no CIDEr
         reg = regions(d.grid, rows).to(self.device)
-        n, L = len(rows), d.vocab.max_len
-        greedy_ids = decode_regions(self.model, reg, d.vocab)
+        n, L, k = len(rows), d.vocab.max_len, s.samples
+        greedy_ids = decode_regions(self.model, reg, d.vocab) if s.baseline == "greedy" else None
         self.model.train()
         ctx = self.model.encode(reg)
-        ids, lp, mask = sample(lambda w, st: self.model.step(w, ctx, st), self.model.init_state(n), n, L, self.sp,
-                               temperature=s.temperature, generator=gen)
-        terms = self.reward(torch.cat([ids.cpu(), greedy_ids]), rows, refs)
-        r_s, r_g = terms.total[:n].to(self.device), terms.total[n:].to(self.device)
-        loss = scst_loss(lp, mask, r_s, r_g)
+        if k > 1:  # k block-major copies: block j holds sample j of every image (the reward's layout)
+            ctx = ctx.index(torch.arange(n, device=self.device).repeat(k))
+        ids, lp, mask = sample(lambda w, st: self.model.step(w, ctx, st), self.model.init_state(n * k), n * k, L,
+                               self.sp, temperature=s.temperature, generator=gen)
+        ids = ids.cpu()
+        terms = self.reward(ids if greedy_ids is None else torch.cat([ids, greedy_ids]), rows, refs,
+                            self._distractors(rows, rng))
+        r_s = terms.total[: n * k].to(self.device)
+        r_b = terms.total[n * k:].repeat(k).to(self.device) if greedy_ids is not None else mean_of_others(r_s, k)
+        loss = scst_loss(lp, mask, r_s, r_b)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         _clip(self.model.parameters(), s.grad_clip)
         self.optimizer.step()
-        lab_m = torch.from_numpy(refs >= 0)
-        return {"loss": float(loss.detach()), "reward": float(r_s.mean()), "baseline": float(r_g.mean()),
-                "cider": float(terms.cider[:n][lab_m].mean()), "cider_greedy": float(terms.cider[n:][lab_m].mean()),
-                "r_ret": float(terms.r_ret[:n].mean()), "r_ret_greedy": float(terms.r_ret[n:].mean()),
-                "sample_len": float(sequence_lengths(ids, d.vocab.eos_id).float().mean())}
+        lab_m = torch.from_numpy(np.tile(refs >= 0, k))
+        row = {"loss": float(loss.detach()), "reward": float(r_s.mean()), "baseline": float(r_b.mean()),
+               "cider": float(terms.cider[: n * k][lab_m].mean()), "r_ret": float(terms.r_ret[: n * k].mean()),
+               "sample_len": float(sequence_lengths(ids, d.vocab.eos_id).float().mean())}
+        if greedy_ids is not None:
+            row.update(cider_greedy=float(terms.cider[n * k:][lab_m[:n]].mean()),
+                       r_ret_greedy=float(terms.r_ret[n * k:].mean()))
+        return row
+
+    def _distractors(self, rows: np.ndarray, rng: np.random.Generator) -> np.ndarray | None:
+        """``scst.distractors`` training images outside the batch, drawn per step, that only enlarge the
+        judge's candidate pool (none without a retrieval reward)."""
+        n = self.cfg.scst.distractors
+        if not n or self.judge is None or self.cfg.scst.alpha <= 0:
+            return None
+        others = np.setdiff1d(self.data.train_rows, rows)
+        return rng.choice(others, size=min(n, len(others)), replace=False)
 
     # ---- epochs -------------------------------------------------------------------------------
     def _batches(self, stage: str, epoch: int) -> list[np.ndarray]:

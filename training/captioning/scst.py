@@ -1,12 +1,19 @@
 """Self-critical sequence training (Rennie et al. 2017) with the self-retrieval reward (Liu et al. 2018).
 
-One sample per image; the baseline is the reward of the greedy caption of the same image, so the
-advantage is r(sample) − r(greedy) and no value network is needed. The loss is REINFORCE's
+The paper draws one sample per image and uses the reward of the greedy caption of the same image as
+the baseline, so the advantage is r(sample) − r(greedy) and no value network is needed. With
+``samples`` K ≥ 2 per image the baseline can instead be the mean reward of the image's other K − 1
+samples (``mean_of_others``; Luo 2020, "A better variant of self-critical sequence training"): still
+independent of the sample it is subtracted from, so the gradient stays unbiased, and no greedy
+decoding is needed. The loss is REINFORCE's
 −(r − b) · Σ_t log π(w_t), averaged over the sampled tokens (<eos> included), as the self-critical
 code does.
 
 Reward per caption: ``cider_weight`` · CIDEr-D (labelled images only) + ``alpha`` · r_ret, with
-r_ret = −L_ret of the caption as a query against all images of the batch (labelled and unlabelled).
+r_ret = −L_ret of the caption as a query against all images of the batch (labelled and unlabelled),
+plus ``distractors`` random training images that take part in the retrieval reward only (a small
+batch of images with several samples each keeps a judge's candidate pool as large as the paper's
+batch).
 """
 from __future__ import annotations
 
@@ -27,6 +34,15 @@ def scst_loss(logprobs: torch.Tensor, mask: torch.Tensor, reward: torch.Tensor, 
     return -(adv[:, None] * logprobs * m).sum() / m.sum().clamp_min(1.0)
 
 
+def mean_of_others(reward: torch.Tensor, k: int) -> torch.Tensor:
+    """Baseline for K block-major samples per image (``reward`` (K·n,), block j holds sample j of every
+    image): for each sample, the mean reward of the same image's other K − 1 samples."""
+    if k < 2:
+        raise ValueError("the mean-of-others baseline needs at least 2 samples per image")
+    r = reward.reshape(k, -1)
+    return ((r.sum(0, keepdim=True) - r) / (k - 1)).reshape(-1)
+
+
 @dataclass
 class RewardTerms:
     total: torch.Tensor  # (B,)
@@ -45,10 +61,12 @@ class SelfRetrievalReward:
         self.cider, self.judge, self.eos_id = cider, judge, eos_id
         self.cider_weight, self.alpha, self.loss_kind, self.margin, self.tau = cider_weight, alpha, loss, margin, tau
 
-    def __call__(self, ids: torch.Tensor, image_rows: np.ndarray, cider_refs: np.ndarray) -> RewardTerms:
+    def __call__(self, ids: torch.Tensor, image_rows: np.ndarray, cider_refs: np.ndarray,
+                 distractor_rows: np.ndarray | None = None) -> RewardTerms:
         """``ids`` (Q, L) captions; ``image_rows`` (B,) dataset rows of the batch images, and the
         captions are ``k = Q / B`` blocks of B (e.g. samples then greedy), block-row i for image i;
-        ``cider_refs`` (B,): each image's index in the CIDEr references, −1 for unlabelled images."""
+        ``cider_refs`` (B,): each image's index in the CIDEr references, −1 for unlabelled images;
+        ``distractor_rows``: more candidate images for the retrieval reward only (no captions)."""
         q, b = ids.shape[0], len(image_rows)
         lengths = sequence_lengths(ids, self.eos_id)
         img = np.tile(np.arange(b), q // b)
@@ -62,6 +80,7 @@ class SelfRetrievalReward:
         r_ret = torch.zeros(q)
         if self.judge is not None and self.alpha > 0:
             emb = self.judge.embed_ids(ids, lengths)
-            sims = self.judge.similarities(emb, torch.as_tensor(image_rows))
+            cand = image_rows if distractor_rows is None else np.concatenate([image_rows, distractor_rows])
+            sims = self.judge.similarities(emb, torch.as_tensor(cand))
             r_ret = -retrieval_loss(sims, torch.as_tensor(img), self.loss_kind, margin=self.margin, tau=self.tau)
         return RewardTerms(self.cider_weight * cider + self.alpha * r_ret, cider, r_ret)
