@@ -350,3 +350,24 @@ def test_cpu_bf16_autocast_trains_close_to_fp32(tmp_path, monkeypatch):
         assert r.cpu_bf16 is native and not r.use_amp
     with pytest.raises(ConfigError, match="train.cpu_amp='fp16' is not valid"):
         tiny_config(extra=["train.cpu_amp=fp16"])
+
+
+def test_train_fraction_keeps_the_captioners_labelled_half():
+    """data.train_fraction trains a retrieval model (an SR-PL judge) on exactly the training images
+    whose captions a captioner's SR-PL run with the same fraction and seed keeps, and nothing of the
+    hidden half reaches its vocabulary or targets."""
+    from training.config import ConfigError
+    from training.data.karpathy import labelled_mask
+    from training.prepare import load_dataset, prepare
+
+    cfg = tiny_config("constraint", ["data.train_fraction=0.5", "train.seed=3"])
+    full = load_dataset(cfg, show_progress=False).split("train")
+    data = prepare(cfg, show_progress=False)
+    kept = np.flatnonzero(labelled_mask(len(full.images), 0.5, 3))
+    assert [im.index for im in data.train.images] == [full.images[i].index for i in kept]
+    assert len(data.train_texts) == len(data.targets) == sum(len(full.image_to_captions[i]) for i in kept)
+    assert data.train_texts == [c.raw for c, img in zip(full.captions, full.caption_to_image) if img in set(kept)]
+    other = prepare(tiny_config("none", ["data.train_fraction=0.5", "data.train_subset_seed=4"]), show_progress=False)
+    assert {im.index for im in other.train.images} != {im.index for im in data.train.images}
+    with pytest.raises(ConfigError, match="data.train_fraction"):
+        tiny_config("none", ["data.train_fraction=0"])

@@ -33,6 +33,9 @@ class DataConfig:
     cache_dir: str = ""  # feature/target caches; "" = $LTD_CACHE_DIR or ~/.cache/ltd
     shortcuts: str = "none"  # none | unique | image_only | caption_only | bits:N (SVL)
     val_split: str = "val"
+    train_fraction: float = 1.0  # < 1: train on a seeded subset of the training images, the same images a
+    # captioner's SR-PL run with data.labelled_fraction = train_fraction keeps for the same seed
+    train_subset_seed: int = -1  # the subset's seed; -1 = train.seed
 
 
 @dataclass
@@ -326,6 +329,7 @@ def validate(cfg: Config) -> None:
         ("model.decoder_layers", cfg.model.decoder_layers >= 1, "must be >= 1"),
         ("data.max_caption_len", cfg.data.max_caption_len >= 1, "must be >= 1"),
         ("data.min_word_count", cfg.data.min_word_count >= 1, "must be >= 1"),
+        ("data.train_fraction", 0 < cfg.data.train_fraction <= 1, "must be in (0, 1]"),
     ]
     for key, ok, msg in checks:
         if not ok:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from training.config import Config, ConfigError
-from training.data.karpathy import Dataset, DatasetError, Split, load_karpathy, tokenize
+from training.data.karpathy import Dataset, DatasetError, Split, labelled_mask, load_karpathy, tokenize
 from training.data.vocab import Vocab
 from training.features import FeatureStore, default_cache_dir, extract_features
 from training.losses.objective import objective_needs
@@ -75,10 +75,7 @@ def _drop_failed(split: Split, failed: dict[int, str]) -> Split:
     if len(keep) == len(split.images):
         return split
     log.warning("%s: leaving out %d images whose files could not be read", split.name, len(split.images) - len(keep))
-    remap = {old: new for new, old in enumerate(keep)}
-    caps = [c for c, img in zip(split.captions, split.caption_to_image) if int(img) in remap]
-    c2i = np.array([remap[int(i)] for i in split.caption_to_image if int(i) in remap], dtype=np.int64)
-    return Split(split.name, [split.images[i] for i in keep], caps, c2i)
+    return split.keep_images(keep)
 
 
 def image_features(cfg: Config, ds: Dataset, backbone: Backbone | None, *, transform=None, transform_id: str = "",
@@ -110,6 +107,11 @@ def prepare(cfg: Config, *, show_progress: bool = True, device: str = "cpu") -> 
         train, val = ds.split("train"), ds.split(cfg.data.val_split)
     except DatasetError as e:
         raise ConfigError(f"data: {e}") from None
+    if cfg.data.train_fraction < 1:
+        seed = cfg.train.seed if cfg.data.train_subset_seed < 0 else cfg.data.train_subset_seed
+        train = train.keep_images(np.flatnonzero(labelled_mask(len(train.images), cfg.data.train_fraction, seed)))
+        log.info("training on %d of the split's images (data.train_fraction %g, subset seed %d)", len(train.images),
+                 cfg.data.train_fraction, seed)
     sc = apply_shortcuts(cfg.data.shortcuts, ds, seed=cfg.train.seed)
     m = cfg.model
     backbone = None if m.backbone == "precomputed" else build_backbone(

@@ -23,7 +23,7 @@ from training.captioning.cider import CiderD
 from training.captioning.config import CaptionConfig
 from training.captioning.vocab import CaptionVocab
 from training.config import ConfigError
-from training.data.karpathy import Dataset, DatasetError, Split, load_karpathy, tokenize
+from training.data.karpathy import Dataset, DatasetError, Split, labelled_mask, load_karpathy, tokenize
 from training.features import FeatureStore, extract_features
 from training.models.backbones import EfficientNetLite0, grid_regions
 
@@ -58,14 +58,6 @@ def regions(store: FeatureStore, rows: np.ndarray | list[int]) -> torch.Tensor:
     rows = np.asarray(rows, dtype=np.int64)
     arr = np.asarray(store.features[rows, 0], dtype=np.float32)
     return grid_regions(torch.from_numpy(arr), FEAT_CHANNELS)
-
-
-def labelled_mask(n: int, fraction: float, seed: int) -> np.ndarray:
-    """Which training images keep their captions (SR-PL hides the rest); a seeded random subset."""
-    mask = np.zeros(n, dtype=bool)
-    k = n if fraction >= 1 else max(1, int(round(fraction * n)))
-    mask[np.random.default_rng([seed, 1807]).permutation(n)[:k]] = True
-    return mask
 
 
 class WordIds:

@@ -66,6 +66,14 @@ class Split:
     captions: list[CaptionRecord]
     caption_to_image: np.ndarray  # (n_captions,) local image index of each caption
 
+    def keep_images(self, keep: list[int] | np.ndarray) -> Split:
+        """The split restricted to local images ``keep`` (in that order) and their captions."""
+        keep = [int(i) for i in keep]
+        remap = {old: new for new, old in enumerate(keep)}
+        caps = [c for c, img in zip(self.captions, self.caption_to_image) if int(img) in remap]
+        c2i = np.array([remap[int(i)] for i in self.caption_to_image if int(i) in remap], dtype=np.int64)
+        return Split(self.name, [self.images[i] for i in keep], caps, c2i)
+
     @property
     def image_to_captions(self) -> list[np.ndarray]:
         order = np.argsort(self.caption_to_image, kind="stable")
@@ -272,3 +280,13 @@ def dataset_info(ds: Dataset) -> dict:
     out["missing_files"] = len(ds.missing)
     out["missing_examples"] = ds.missing[:5]
     return out
+
+
+def labelled_mask(n: int, fraction: float, seed: int) -> np.ndarray:
+    """A seeded random subset of a split's ``n`` images (True = kept). The captioner's SR-PL runs keep
+    the captions of these training images (``data.labelled_fraction``), and a retrieval run with
+    ``data.train_fraction`` keeps the same images for the same seed: a judge of the labelled half."""
+    mask = np.zeros(n, dtype=bool)
+    k = n if fraction >= 1 else max(1, int(round(fraction * n)))
+    mask[np.random.default_rng([seed, 1807]).permutation(n)[:k]] = True
+    return mask
