@@ -1,0 +1,50 @@
+#!/bin/bash
+# RESULTS §6c, "SCST that moves": per seed, XE, then from the same XE checkpoint SCST-CIDEr and SR-FL
+# under each judge, with the val-chosen SCST setting (5 samples per image, mean-of-others baseline,
+# temperature 0.5, batch 10, 40 distractors for the retrieval reward), then beam-5 test evaluation
+# of every captioner under both judges.
+#   J=runs/judges CAP=runs/cap SEEDS="0 1 2" bash run.sh train|eval
+# J holds bl/best.pt and ltd/best.pt (ltd train --config flickr8k_baseline / flickr8k_ltd);
+# CAP holds xe_s{seed}/ (ltd caption train --config caption_flickr8k_xe --set train.seed=S); every finished
+# XE and judge run gets a "done" file (touch), which the jobs wait for.
+# EXTRA="train.num_threads=1" and two invocations run side by side on 2 cores (a failed job: rmdir its .claim).
+set -e
+: "${J:?set J}" "${CAP:?set CAP}" "${LTD_DATA_DIR:?set LTD_DATA_DIR}"
+SEEDS=${SEEDS:-0 1 2}
+extra=""; for s in ${EXTRA:-}; do extra="$extra --set $s"; done
+train() {  # name config [args...]
+  local out="$CAP/$1" cfg="$2"; shift 2
+  [ -f "$out/done" ] && return 0
+  local resume=""; [ -f "$out/checkpoint.pt" ] && resume="--resume"
+  ltd caption train --config "$cfg" "$@" $extra $resume --out "$out" --no-progress > "$out.log" 2>&1
+  touch "$out/done"
+}
+wait_for() { while [ ! -f "$1" ]; do sleep 20; done; }  # a finished run's marker
+case "$1" in
+  train)  # two invocations share the list: each job is claimed once (mkdir is atomic)
+    jobs=""; for kind in scst srfl_bl srfl_ltd; do for s in $SEEDS; do jobs="$jobs ${kind}_s$s"; done; done
+    for job in $jobs; do
+      mkdir "$CAP/$job.claim" 2>/dev/null || continue
+      s=${job##*_s}; xe="--set train.init_from=$CAP/xe_s$s/best.pt --set train.seed=$s"
+      wait_for "$CAP/xe_s$s/done"
+      case "$job" in srfl_bl_*) wait_for "$J/bl/done" ;; srfl_ltd_*) wait_for "$J/ltd/done" ;; esac
+      case "$job" in
+        scst_*) train "$job" caption_flickr8k_scst_cider $xe ;;
+        srfl_bl_*) train "$job" caption_flickr8k_sr_fl $xe --retrieval "$J/bl/best.pt" ;;
+        srfl_ltd_*) train "$job" caption_flickr8k_sr_fl $xe --retrieval "$J/ltd/best.pt" ;;
+      esac
+    done ;;
+  eval)
+    for s in $SEEDS; do
+      for c in xe scst srfl_bl srfl_ltd; do
+        out="$CAP/eval/${c}_s$s"
+        [ -f "$out/report.json" ] && continue
+        [ -f "$CAP/${c}_s$s/done" ] || continue  # not trained (yet): run eval again later
+        mkdir -p "$CAP/eval"
+        ltd caption eval --checkpoint "$CAP/${c}_s$s/best.pt" --split test --no-progress \
+          --retrieval "$J/bl/best.pt" --judge bl="$J/bl/best.pt" --judge ltd="$J/ltd/best.pt" \
+          $( [ -f "$J/bl_s1/best.pt" ] && echo --judge bl_s1="$J/bl_s1/best.pt" ) --out "$out" > "$out.log" 2>&1
+      done
+    done ;;
+  *) echo "usage: run.sh train|eval" >&2; exit 2 ;;
+esac
