@@ -10,9 +10,10 @@ import numpy as np
 R = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent)
 SEEDS = ("s0", "s1", "s2")
 KINDS = [("xe", "XE"), ("scst", "SCST, CIDEr-D only"), ("srfl_bl", "SR-FL, baseline judge"),
+         ("srfl_bl_a4", "SR-FL, baseline judge, α 4"),
          ("srfl_ltd", "SR-FL, LTD judge")]
 COLS = [("BLEU-4", None), ("METEOR", None), ("ROUGE-L", None), ("CIDEr-D", None), ("unique_%", None),
-        ("novel_%", None), ("self_R@1", "bl"), ("self_R@10", "bl"), ("self_R@1", "ltd"), ("self_R@10", "ltd")]
+        ("novel_%", None), ("mean_length", None), ("self_R@1", "bl"), ("self_R@10", "bl"), ("self_R@1", "ltd"), ("self_R@10", "ltd")]
 
 
 def value(rep, key, judge):
@@ -32,7 +33,7 @@ for k, name in KINDS:
         v = np.array([value(r, key, j) for r in reps[k]])
         cells.append(f"{v.mean():.1f} ± {v.std(ddof=1):.1f}" if len(v) > 1 else f"{v[0]:.1f}")
     print(f"| {name} | {len(reps[k])} | " + " | ".join(cells) + " |")
-for a, b in (("scst", "xe"), ("srfl_bl", "scst"), ("srfl_ltd", "scst"), ("srfl_ltd", "srfl_bl")):
+for a, b in (("scst", "xe"), ("srfl_bl", "scst"), ("srfl_bl_a4", "scst"), ("srfl_ltd", "scst"), ("srfl_ltd", "srfl_bl")):
     n = min(len(reps[a]), len(reps[b]))
     if n == 0:
         continue

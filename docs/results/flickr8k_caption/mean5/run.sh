@@ -5,6 +5,8 @@
 # of every captioner under both judges.
 #   J=runs/judges CAP=runs/cap SEEDS="0 1 2" bash run.sh train|eval
 # J holds bl/best.pt and ltd/best.pt (ltd train --config flickr8k_baseline / flickr8k_ltd);
+# Measured 2026-11-25: SEEDS 0 1 2 for scst and srfl_bl, alpha 4 for seed 0; the srfl_ltd jobs were not run
+# (time; pre-claimed with mkdir). scst_s0 is the val sweep's mean5_t0.5_lr5e-5_4ep run (identical steps).
 # CAP holds xe_s{seed}/ (ltd caption train --config caption_flickr8k_xe --set train.seed=S); every finished
 # XE and judge run gets a "done" file (touch), which the jobs wait for.
 # EXTRA="train.num_threads=1" and two invocations run side by side on 2 cores (a failed job: rmdir its .claim).
@@ -23,6 +25,7 @@ wait_for() { while [ ! -f "$1" ]; do sleep 20; done; }  # a finished run's marke
 case "$1" in
   train)  # two invocations share the list: each job is claimed once (mkdir is atomic)
     jobs=""; for kind in scst srfl_bl srfl_ltd; do for s in $SEEDS; do jobs="$jobs ${kind}_s$s"; done; done
+    for s in ${A4_SEEDS:-0}; do jobs="$jobs srfl_bl_a4_s$s"; done  # alpha 4 (the paper's ablation)
     for job in $jobs; do
       mkdir "$CAP/$job.claim" 2>/dev/null || continue
       s=${job##*_s}; xe="--set train.init_from=$CAP/xe_s$s/best.pt --set train.seed=$s"
@@ -30,13 +33,14 @@ case "$1" in
       case "$job" in srfl_bl_*) wait_for "$J/bl/done" ;; srfl_ltd_*) wait_for "$J/ltd/done" ;; esac
       case "$job" in
         scst_*) train "$job" caption_flickr8k_scst_cider $xe ;;
+        srfl_bl_a4_*) train "$job" caption_flickr8k_sr_fl $xe --retrieval "$J/bl/best.pt" --set scst.alpha=4 ;;
         srfl_bl_*) train "$job" caption_flickr8k_sr_fl $xe --retrieval "$J/bl/best.pt" ;;
         srfl_ltd_*) train "$job" caption_flickr8k_sr_fl $xe --retrieval "$J/ltd/best.pt" ;;
       esac
     done ;;
   eval)
     for s in $SEEDS; do
-      for c in xe scst srfl_bl srfl_ltd; do
+      for c in xe scst srfl_bl srfl_ltd srfl_bl_a4; do
         out="$CAP/eval/${c}_s$s"
         [ -f "$out/report.json" ] && continue
         [ -f "$CAP/${c}_s$s/done" ] || continue  # not trained (yet): run eval again later
