@@ -187,7 +187,7 @@ class CaptionRun:
         """``scst.distractors`` training images outside the batch, drawn per step, that only enlarge the
         judge's candidate pool (none without a retrieval reward)."""
         n = self.cfg.scst.distractors
-        if not n or self.judge is None or self.cfg.scst.alpha <= 0:
+        if not n or not self.reward.uses_judge:
             return None
         others = np.setdiff1d(self.data.train_rows, rows)
         return rng.choice(others, size=min(n, len(others)), replace=False)

@@ -61,6 +61,11 @@ class SelfRetrievalReward:
         self.cider, self.judge, self.eos_id = cider, judge, eos_id
         self.cider_weight, self.alpha, self.loss_kind, self.margin, self.tau = cider_weight, alpha, loss, margin, tau
 
+    @property
+    def uses_judge(self) -> bool:
+        """Whether the reward has a retrieval term (and so reads candidate images at all)."""
+        return self.judge is not None and self.alpha > 0
+
     def __call__(self, ids: torch.Tensor, image_rows: np.ndarray, cider_refs: np.ndarray,
                  distractor_rows: np.ndarray | None = None) -> RewardTerms:
         """``ids`` (Q, L) captions; ``image_rows`` (B,) dataset rows of the batch images, and the
@@ -78,7 +83,7 @@ class SelfRetrievalReward:
             scores = self.cider.score(arr[lab], refs[lab], lengths.cpu().numpy()[lab])
             cider[torch.from_numpy(lab)] = torch.from_numpy(scores).float()
         r_ret = torch.zeros(q)
-        if self.judge is not None and self.alpha > 0:
+        if self.uses_judge:
             emb = self.judge.embed_ids(ids, lengths)
             cand = image_rows if distractor_rows is None else np.concatenate([image_rows, distractor_rows])
             sims = self.judge.similarities(emb, torch.as_tensor(cand))
