@@ -150,6 +150,60 @@ def test_resume_gives_the_same_next_steps(judge, tmp_path, monkeypatch, baseline
                 assert ra[k] == pytest.approx(rb[k], rel=1e-5, abs=1e-6), (ra["step"], k)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("negatives", ["moderate", "none"])
+def test_unlabelled_images_enter_scst_only_in_sr_pl(judge, tmp_path, monkeypatch, negatives):
+    """Half the captions hidden: SR-PL puts unlabelled images in the SCST batches; with
+    scst.negatives=none (the labelled-half controls) neither a batch nor a distractor is ever unlabelled."""
+    import numpy as np
+
+    from training.captioning import loop
+    from training.captioning.config import load_caption_config
+
+    seen, distractors, real_regions, real_distractors = [], [], loop.regions, loop.CaptionRun._distractors
+
+    def spy_regions(grid, rows):
+        seen.append(np.asarray(rows).copy())
+        return real_regions(grid, rows)
+
+    def spy_distractors(self, rows, rng):
+        out = real_distractors(self, rows, rng)
+        distractors.append(out)
+        return out
+
+    monkeypatch.setattr(loop, "regions", spy_regions)
+    monkeypatch.setattr(loop.CaptionRun, "_distractors", spy_distractors)
+    cfg = load_caption_config("caption_synthetic_sr_pl", TINY_CAP + [
+        f"train.retrieval={judge}", "scst.h_min=1", "scst.h_max=5", "xe.epochs=1", "scst.epochs=1",
+        "scst.distractors=5", f"scst.negatives={negatives}"])
+    run = loop.CaptionRun(cfg, tmp_path / "run", resume=False, data=None, show_progress=False)
+    run.fit()
+    d = run.data
+    unlabelled = set(d.train_rows[~d.labelled].tolist())
+    assert 0 < len(unlabelled) < len(d.train_rows)
+    used = set(np.concatenate(seen).tolist())
+    assert distractors and all(x is not None and len(x) == 5 for x in distractors)
+    used_d = set(np.concatenate(distractors).tolist())
+    if negatives == "none":
+        assert not used & unlabelled and not used_d & unlabelled
+    else:
+        assert used & unlabelled and used_d & unlabelled
+
+
+@pytest.mark.slow
+def test_xe_only_run_of_an_sr_pl_preset_needs_no_judge(tmp_path):
+    """The SR-PL presets' XE stage alone (scst.epochs=0) trains on the labelled half without a judge:
+    the checkpoint every labelled-half SCST run then starts from."""
+    from training.captioning.config import load_caption_config
+    from training.captioning.loop import train_captioner
+
+    cfg = load_caption_config("caption_synthetic_sr_pl", TINY_CAP + ["scst.epochs=0", "xe.epochs=1"])
+    assert not cfg.needs_judge
+    res = train_captioner(cfg, tmp_path / "xe", show_progress=False)
+    ck = torch.load(res.run_dir / "best.pt", weights_only=True)
+    assert ck["stage"] == "xe" and 0 < len(ck["labelled"]) < 60
+
+
 def test_config_errors_and_presets(tmp_path):
     from training.captioning.config import load_caption_config
     from training.config import ConfigError, list_presets
@@ -173,6 +227,11 @@ def test_config_errors_and_presets(tmp_path):
         load_caption_config("caption_synthetic_xe", ["scst.baseline=mean"])
     with pytest.raises(ConfigError, match="scst.baseline='max' is not valid"):
         load_caption_config("caption_synthetic_xe", ["scst.baseline=max", "scst.samples=2"])
+    with pytest.raises(ConfigError, match="scst.negatives=none keeps them out"):
+        load_caption_config("caption_synthetic_sr_pl", [f"train.retrieval={fake}", "scst.alpha=0"])
+    # CIDEr-only on the labelled half: no judge, the unlabelled images unused
+    half = load_caption_config("caption_synthetic_sr_pl", ["scst.alpha=0", "scst.negatives=none"])
+    assert not half.needs_judge and not half.uses_unlabelled and half.data.labelled_fraction < 1
     with pytest.raises(ConfigError, match="h_min"):
         load_caption_config("caption_synthetic_xe", ["scst.h_min=50", "scst.h_max=10"])
 

@@ -60,7 +60,8 @@ class SCSTConfig:
     retrieval_loss: str = "vse_max"  # vse_max (VSE++ max of hinges) | vse_sum (VSE0) | softmax (InfoNCE)
     margin: float = 0.2
     tau: float = 0.1  # softmax retrieval loss temperature
-    negatives: str = "moderate"  # SR-PL unlabelled images per labelled caption: moderate | random | hardest
+    negatives: str = "moderate"  # SR-PL unlabelled images per labelled caption: moderate | random | hardest;
+    # none: the unlabelled images stay out of SCST (the labelled-half controls: CIDEr-only, SR-FL on the half)
     h_min: int = 10  # moderate: sample from retrieval ranks [h_min, h_max] (1-based) of the unlabelled pool
     h_max: int = 100
     temperature: float = 1.0  # sampling temperature of the policy's samples
@@ -96,12 +97,17 @@ class CaptionConfig:
         return asdict(self)
 
     @property
+    def uses_unlabelled(self) -> bool:
+        """SR-PL proper: SCST batches take unlabelled images (retrieval reward only) beside the labelled."""
+        return self.scst.epochs > 0 and self.data.labelled_fraction < 1 and self.scst.negatives != "none"
+
+    @property
     def needs_judge(self) -> bool:
-        return self.scst.epochs > 0 and (self.scst.alpha > 0 or self.data.labelled_fraction < 1)
+        return self.scst.epochs > 0 and (self.scst.alpha > 0 or self.uses_unlabelled)
 
 
 CHOICES = {"scst.retrieval_loss": ("vse_max", "vse_sum", "softmax"),
-           "scst.negatives": ("moderate", "random", "hardest"),
+           "scst.negatives": ("moderate", "random", "hardest", "none"),
            "scst.baseline": ("greedy", "mean"), "train.device": ("auto", "cpu", "cuda")}
 
 
@@ -144,9 +150,10 @@ def validate_caption_config(cfg: CaptionConfig) -> None:
     if cfg.needs_judge and not cfg.train.retrieval:
         raise ConfigError("the retrieval reward (scst.alpha > 0) and SR-PL (data.labelled_fraction < 1) need a "
                           "frozen retrieval checkpoint: pass --retrieval CHECKPOINT (or train.retrieval=…)")
-    if d.labelled_fraction < 1 and s.epochs > 0 and s.alpha <= 0:
+    if cfg.uses_unlabelled and s.alpha <= 0:
         raise ConfigError("data.labelled_fraction < 1 (SR-PL): unlabelled images get only the retrieval reward, "
-                          "so scst.alpha must be > 0")
+                          "so scst.alpha must be > 0; scst.negatives=none keeps them out (CIDEr-only on the "
+                          "labelled images)")
     for key, p in (("train.retrieval", cfg.train.retrieval), ("train.init_from", cfg.train.init_from)):
         if p and not Path(p).is_file():
             raise ConfigError(f"{key}: file not found: {p}")

@@ -102,7 +102,8 @@ class CaptionRun:
         self.mlog = MetricsLog(run_dir / "metrics.jsonl", resume_step=self.global_step if ckpt is not None else None)
         self.fresh = ckpt is None
         self.reward = SelfRetrievalReward(self.data.train_cider, self.judge, eos_id=v.eos_id,
-                                          cider_weight=cfg.scst.cider_weight, alpha=cfg.scst.alpha,
+                                          cider_weight=cfg.scst.cider_weight,
+                                          alpha=cfg.scst.alpha if cfg.scst.epochs else 0.0,  # XE-only: no judge
                                           loss=cfg.scst.retrieval_loss, margin=cfg.scst.margin, tau=cfg.scst.tau)
         self.sampler, self.pool_rows = None, np.zeros(0, dtype=np.int64)
 
@@ -121,7 +122,7 @@ class CaptionRun:
     def _negatives(self) -> None:
         """SR-PL: rank the unlabelled pool for every labelled caption once (the judge is frozen)."""
         d, s = self.data, self.cfg.scst
-        if d.labelled.all() or self.sampler is not None:
+        if not self.cfg.uses_unlabelled or self.sampler is not None:
             return
         pool_local = np.flatnonzero(~d.labelled)
         self.pool_rows = d.train_rows[pool_local]
@@ -185,11 +186,14 @@ class CaptionRun:
 
     def _distractors(self, rows: np.ndarray, rng: np.random.Generator) -> np.ndarray | None:
         """``scst.distractors`` training images outside the batch, drawn per step, that only enlarge the
-        judge's candidate pool (none without a retrieval reward)."""
-        n = self.cfg.scst.distractors
+        judge's candidate pool (none without a retrieval reward; labelled images only unless SR-PL uses
+        the unlabelled pool)."""
+        n, d = self.cfg.scst.distractors, self.data
         if not n or not self.reward.uses_judge:
             return None
-        others = np.setdiff1d(self.data.train_rows, rows)
+        # scst.negatives=none keeps the unlabelled images out of SCST entirely, distractors included
+        pool = d.train_rows if self.cfg.uses_unlabelled else d.train_rows[d.labelled_images]
+        others = np.setdiff1d(pool, rows)
         return rng.choice(others, size=min(n, len(others)), replace=False)
 
     # ---- epochs -------------------------------------------------------------------------------
