@@ -1,0 +1,40 @@
+"""Shared by the §6c aggregate scripts: mean ± std over seeds of captioners' test reports
+({kind}_s{seed}/report.json) and seed-matched differences between pairs of captioners."""
+import json
+from pathlib import Path
+
+import numpy as np
+
+SEEDS = ("s0", "s1", "s2")
+
+
+def value(rep, key, judge):
+    return rep[key] if judge is None else rep["judges"][judge][key]
+
+
+def table(root: Path, kinds, cols, pairs, seeds=SEEDS) -> str:
+    """kinds: [(folder prefix, label)]; cols: [(report key, judge name or None)]; pairs: [(a, b)] for Δ a − b."""
+    reps = {k: {s: json.load(open(root / f"{k}_{s}" / "report.json")) for s in seeds
+                if (root / f"{k}_{s}" / "report.json").is_file()} for k, _ in kinds}
+    head = [k if j is None else f"{k} ({j} judge)" for k, j in cols]
+    out = ["| captioner | seeds | " + " | ".join(head) + " |", "|---|---:|" + "---:|" * len(cols)]
+    for k, name in kinds:
+        if not reps[k]:
+            continue
+        cells = []
+        for key, j in cols:
+            v = np.array([value(r, key, j) for r in reps[k].values()])
+            cells.append(f"{v.mean():.1f} ± {v.std(ddof=1):.1f}" if len(v) > 1 else f"{v[0]:.1f}")
+        out.append(f"| {name} | {len(reps[k])} | " + " | ".join(cells) + " |")
+    for a, b in pairs:
+        both = [s for s in seeds if s in reps[a] and s in reps[b]]  # seed-matched
+        n = len(both)
+        if n == 0:
+            continue
+        cells = []
+        for key, j in cols:
+            d = np.array([value(reps[a][s], key, j) - value(reps[b][s], key, j) for s in both])
+            sd = f" ± {d.std(ddof=1):.1f}" if n > 1 else ""
+            cells.append(f"{d.mean():+.1f}{sd} ({(d > 0).sum()}/{n})")
+        out.append(f"| Δ {a} − {b} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
