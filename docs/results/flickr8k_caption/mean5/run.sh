@@ -5,8 +5,8 @@
 # of every captioner under both judges.
 #   J=runs/judges CAP=runs/cap SEEDS="0 1 2" bash run.sh train|eval
 # J holds bl/best.pt and ltd/best.pt (ltd train --config flickr8k_baseline / flickr8k_ltd);
-# Measured 2026-11-25: SEEDS 0 1 2 for scst and srfl_bl, srfl_ltd for seeds 0 and 1 (seed 2 stopped for
-# time), alpha 4 for seed 0. scst_s0 is the val sweep's mean5_t0.5_lr5e-5_4ep run (identical steps).
+# Measured 2026-11-25: SEEDS 0 1 2 for every job (srfl_ltd_s2 and alpha 4 for seeds 1-2 in the evening,
+# with A4_SEEDS="0 1 2"; the first srfl_ltd_s2, killed for time before a checkpoint, was started over). scst_s0 is the val sweep's mean5_t0.5_lr5e-5_4ep run (identical steps).
 # CAP holds xe_s{seed}/ (ltd caption train --config caption_flickr8k_xe --set train.seed=S); every finished
 # XE and judge run gets a "done" file (touch), which the jobs wait for.
 # EXTRA="train.num_threads=1" and two invocations run side by side on 2 cores (a failed job: rmdir its .claim).
