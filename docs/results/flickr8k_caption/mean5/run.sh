@@ -6,7 +6,7 @@
 #   J=runs/judges CAP=runs/cap SEEDS="0 1 2" bash run.sh train|eval
 # J holds bl/best.pt and ltd/best.pt (ltd train --config flickr8k_baseline / flickr8k_ltd);
 # Measured 2026-11-25: SEEDS 0 1 2 for every job (srfl_ltd_s2 and alpha 4 for seeds 1-2 in the evening,
-# with A4_SEEDS="0 1 2"; the first srfl_ltd_s2, killed for time before a checkpoint, was started over). scst_s0 is the val sweep's mean5_t0.5_lr5e-5_4ep run (identical steps).
+# A4_SEEDS defaults to SEEDS; the first srfl_ltd_s2, killed for time before a checkpoint, was started over). scst_s0 is the val sweep's mean5_t0.5_lr5e-5_4ep run (identical steps).
 # CAP holds xe_s{seed}/ (ltd caption train --config caption_flickr8k_xe --set train.seed=S); every finished
 # XE and judge run gets a "done" file (touch), which the jobs wait for.
 # EXTRA="train.num_threads=1" and two invocations run side by side on 2 cores (a failed job: rmdir its .claim).
@@ -25,7 +25,7 @@ wait_for() { while [ ! -f "$1" ]; do sleep 20; done; }  # a finished run's marke
 case "$1" in
   train)  # two invocations share the list: each job is claimed once (mkdir is atomic)
     jobs=""; for kind in scst srfl_bl srfl_ltd; do for s in $SEEDS; do jobs="$jobs ${kind}_s$s"; done; done
-    for s in ${A4_SEEDS:-0}; do jobs="$jobs srfl_bl_a4_s$s"; done  # alpha 4 (the paper's ablation)
+    for s in ${A4_SEEDS:-$SEEDS}; do jobs="$jobs srfl_bl_a4_s$s"; done  # alpha 4 (the paper's ablation)
     for job in $jobs; do
       mkdir "$CAP/$job.claim" 2>/dev/null || continue
       s=${job##*_s}; xe="--set train.init_from=$CAP/xe_s$s/best.pt --set train.seed=$s"

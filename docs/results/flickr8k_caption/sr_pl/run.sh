@@ -9,7 +9,7 @@
 #   srflh_s — CIDEr + self-retrieval on the labelled half, unlabelled images unused (scst.negatives=none):
 #             separates "the retrieval reward" from "the unlabelled images",
 #   srpl_s  — SR-PL: + unlabelled images (retrieval reward only) as moderately hard negatives (ranks 10-100),
-#   srpl_random_s / srpl_hardest_s — the negatives ablation (no mining / the hardest), seed 0 only by default.
+#   srpl_random_s / srpl_hardest_s — the negatives ablation (no mining / the hardest), ABL_SEEDS (default all 3).
 # Then beam-5 test evaluation under the seed's half judge, the full-data judges of mean5/ (J/bl, J/ltd:
 # trained on all training captions, so independent referees of the captioner's discriminativeness).
 #   J=runs/judges CAP=runs/cap_pl SEEDS="0 1 2" EXTRA="train.num_threads=1" bash run.sh train|eval
@@ -17,7 +17,7 @@
 set -e
 : "${J:?set J}" "${CAP:?set CAP}" "${LTD_DATA_DIR:?set LTD_DATA_DIR}"
 SEEDS=${SEEDS:-0 1 2}
-ABL_SEEDS=${ABL_SEEDS:-0}
+ABL_SEEDS=${ABL_SEEDS:-$SEEDS}
 extra=""; for s in ${EXTRA:-}; do extra="$extra --set $s"; done
 mkdir -p "$CAP"
 run() {  # name command [args...]: resumable, marks done
