@@ -26,6 +26,8 @@ def embed_captions(model: DualEncoder, texts: Sequence[str], *, batch_size: int 
                    show_progress: bool = False) -> np.ndarray:
     """(n, E) float32 normalised caption embeddings."""
     model.eval()
+    if hasattr(model.text, "embed_corpus"):  # a frozen sentence encoder: the whole corpus through the disk cache
+        model.text.embed_corpus(texts, show_progress=show_progress)
     out = []
     for i in progress_iter(range(0, len(texts), batch_size), desc="caption embeddings", unit="batch",
                            disable=not show_progress or len(texts) <= batch_size):

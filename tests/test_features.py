@@ -152,7 +152,7 @@ def test_concurrent_runs_compute_the_ltd_targets_once(tmp_path, monkeypatch):
     monkeypatch.setattr(targets, "model_identity", lambda path: {"model": "fake"})
     calls = []
 
-    def fake_compute(texts, path, model_path, out, batch_size, device, show_progress):
+    def fake_compute(texts, path, model_path, out, batch_size, device, show_progress, *model_and_truncation):
         calls.append(1)
         time.sleep(0.2)
         emb = np.arange(len(texts) * 3, dtype=np.float32).reshape(len(texts), 3)
@@ -168,3 +168,51 @@ def test_concurrent_runs_compute_the_ltd_targets_once(tmp_path, monkeypatch):
     _side_by_side(run)
     assert len(calls) == 1
     np.testing.assert_array_equal(results[0], results[1])
+
+
+@pytest.fixture(scope="module")
+def frozen_minilm():
+    """Two frozen all-MiniLM-L6-v2 caption encoders (the packaged model): 40-word and 5-word truncation."""
+    from training.models.text_encoder import SBERTTextEncoder
+    from training.targets import resolve_sentence_model
+
+    path = str(resolve_sentence_model(""))
+    return lambda cache, max_len=40: SBERTTextEncoder(path, 8, train_layers=0, head="linear", max_len=max_len,
+                                                      cache_dir=str(cache))
+
+
+def test_frozen_caption_encoder_embeds_a_corpus_once_across_runs(tmp_path, frozen_minilm, monkeypatch):
+    """A corpus (val/test split, an index's captions) goes through the disk cache: a second encoder (the
+    next run) reads it without running the model and gets the embeddings the model gives; queries (fewer
+    than CORPUS_MIN new texts) never write a file; the truncation is part of the key."""
+    from training.models import text_encoder
+
+    corpus = [f"{i} dogs run across a field number {i % 7}" for i in range(text_encoder.CORPUS_MIN + 10)]
+    first = frozen_minilm(tmp_path)
+    first.embed_corpus(corpus[:20])  # a query-sized batch: memory only
+    assert not (tmp_path / "targets").exists()
+    first.embed_corpus(corpus + corpus[:5])  # duplicates embedded once
+    files = sorted((tmp_path / "targets").glob("*.npy"))
+    assert len(files) == 1 and np.load(files[0]).shape[0] == len(corpus)
+    direct = frozen_minilm(tmp_path / "other")._frozen_embeddings(corpus[:64])  # the model, no cache
+    second = frozen_minilm(tmp_path)
+    monkeypatch.setattr(second.st, "encode", lambda *a, **k: (_ for _ in ()).throw(AssertionError("re-encoded")))
+    second.embed_corpus(corpus)
+    cached = second._frozen_embeddings(corpus[:64])
+    cos = torch.nn.functional.cosine_similarity(cached, direct)
+    assert cos.min() > 0.999
+    short = frozen_minilm(tmp_path, max_len=5)  # truncates at 12 word pieces: its own cache entry
+    short.embed_corpus(corpus)
+    assert len(list((tmp_path / "targets").glob("*.npy"))) == 2
+
+
+def test_frozen_memory_bound_keeps_the_batch_whole(tmp_path, frozen_minilm, monkeypatch):
+    """Reaching the memory bound clears the memory; the batch that reached it is still returned whole."""
+    from training.models import text_encoder
+
+    enc = frozen_minilm(tmp_path)
+    monkeypatch.setattr(text_encoder, "MEMORY_MAX", 3)
+    a = enc._frozen_embeddings(["a cat", "a dog"])
+    b = enc._frozen_embeddings(["a cat", "a bird", "a horse"])  # "a cat" was remembered; 2 new reach the bound
+    assert b.shape[0] == 3
+    torch.testing.assert_close(b[0], a[0])

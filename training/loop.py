@@ -176,13 +176,11 @@ def fit_to_training_data(model: DualEncoder, data: TrainingData, train_img: np.n
     """What the model takes from its training data before the first step (no gradient involved)."""
     if model.image.fne is not None:  # FNE: standardisation statistics of the training images
         model.image.fne.fit(data.image_feats[np.unique(train_img)].mean(1))
-    if getattr(model.text, "frozen", False):
-        # A frozen sentence encoder: embed every training caption once (disk-cached; the same cache
-        # as LTD targets when the texts and model agree), so each step runs the projection head only.
-        from training.targets import compute_targets
-        emb = compute_targets(data.train_texts, cfg.model.sbert_path, cache_dir=cfg.data.cache_dir,
-                              show_progress=show_progress)
-        model.text.remember(data.train_texts, torch.from_numpy(emb))
+    if hasattr(model.text, "embed_corpus"):
+        # A frozen sentence encoder: embed every training caption once (disk-cached, like the val and
+        # test captions later; shared with the LTD targets when texts, model and truncation agree), so
+        # each step runs the projection head only.
+        model.text.embed_corpus(data.train_texts, show_progress=show_progress)
 
 
 def build_optimizer(model: DualEncoder, cfg: Config) -> tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]:

@@ -74,10 +74,18 @@ def compute_targets(
     batch_size: int = 64,
     device: str = "cpu",
     show_progress: bool = True,
+    model=None,
+    max_seq_length: int | None = None,
 ) -> np.ndarray:
-    """(len(texts), D) float32 target embeddings (cached)."""
+    """(len(texts), D) float32 target embeddings (cached). ``model``: the sentence model already loaded
+    from ``model_path`` (a frozen caption encoder's), used on a cache miss instead of loading it again;
+    ``max_seq_length``: the word-piece truncation it runs with (part of the cache key: a frozen caption
+    encoder truncates shorter than the model's default)."""
     path = resolve_sentence_model(model_path)
-    h = hashlib.sha256(json.dumps(model_identity(path), sort_keys=True).encode())
+    identity = model_identity(path)
+    if max_seq_length:
+        identity["max_seq_length"] = int(max_seq_length)
+    h = hashlib.sha256(json.dumps(identity, sort_keys=True).encode())
     for t in texts:
         h.update(t.encode("utf-8") + b"\0")
     key = h.hexdigest()[:24]
@@ -89,12 +97,17 @@ def compute_targets(
             arr = np.load(out)
             if arr.shape[0] == len(texts):
                 return arr
-        return _compute(texts, path, model_path, out, batch_size, device, show_progress)
+        return _compute(texts, path, model_path, out, batch_size, device, show_progress, model, max_seq_length)
 
 
 def _compute(texts: Sequence[str], path: Path, model_path: str, out: Path, batch_size: int, device: str,
-             show_progress: bool) -> np.ndarray:
-    model = load_sentence_model(model_path, device)
+             show_progress: bool, model=None, max_seq_length: int | None = None) -> np.ndarray:
+    if model is None:
+        model = load_sentence_model(model_path, device)
+        if max_seq_length:
+            model.max_seq_length = min(model.max_seq_length, int(max_seq_length))
+    elif max_seq_length and model.max_seq_length != max_seq_length:
+        raise ValueError(f"the model truncates at {model.max_seq_length} word pieces, not {max_seq_length}")
     # bf16 autocast doubles CPU throughput on CPUs with native bf16 (cosine to fp32 > 0.9999).
     ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if device == "cpu" and cpu_bf16_fast()
            else torch.autocast("cpu", enabled=False))

@@ -93,6 +93,8 @@ class DualEncoder(nn.Module):
         """Normalised caption embeddings (n, E) on the CPU (inference mode)."""
         was = self.training
         self.eval()
+        if hasattr(self.text, "embed_corpus"):
+            self.text.embed_corpus(texts)
         out = [self.text(move_batch(self.text.prepare(texts[i : i + batch_size]), self.device)).float().cpu()
                for i in range(0, len(texts), batch_size)]
         self.train(was)
@@ -150,4 +152,4 @@ def build_text_encoder(cfg: Config, vocab: Vocab, word_embeddings: torch.Tensor 
     from training.targets import resolve_sentence_model
     return SBERTTextEncoder(str(resolve_sentence_model(m.sbert_path)), m.embed_dim, train_layers=m.sbert_train_layers,
                             head=m.text_head, head_hidden=m.head_hidden, batchnorm=m.batchnorm,
-                            max_len=cfg.data.max_caption_len)
+                            max_len=cfg.data.max_caption_len, cache_dir=cfg.data.cache_dir)
