@@ -103,7 +103,7 @@ class CaptionRun:
         self.fresh = ckpt is None
         self.reward = SelfRetrievalReward(self.data.train_cider, self.judge, eos_id=v.eos_id,
                                           cider_weight=cfg.scst.cider_weight,
-                                          alpha=cfg.scst.alpha if cfg.scst.epochs else 0.0,  # XE-only: no judge
+                                          alpha=cfg.scst.alpha if cfg.needs_judge else 0.0,  # e.g. XE only: no judge
                                           loss=cfg.scst.retrieval_loss, margin=cfg.scst.margin, tau=cfg.scst.tau)
         self.sampler, self.pool_rows = None, np.zeros(0, dtype=np.int64)
 

@@ -13,21 +13,14 @@
 set -e
 : "${J:?set J}" "${CAP:?set CAP}" "${LTD_DATA_DIR:?set LTD_DATA_DIR}"
 SEEDS=${SEEDS:-0 1 2}
-extra=""; for s in ${EXTRA:-}; do extra="$extra --set $s"; done
-train() {  # name config [args...]
-  local out="$CAP/$1" cfg="$2"; shift 2
-  [ -f "$out/done" ] && return 0
-  local resume=""; [ -f "$out/checkpoint.pt" ] && resume="--resume"
-  ltd caption train --config "$cfg" "$@" $extra $resume --out "$out" --no-progress > "$out.log" 2>&1
-  touch "$out/done"
-}
-wait_for() { while [ ! -f "$1" ]; do sleep 20; done; }  # a finished run's marker
+. "$(dirname "$0")/../jobs.sh"
+train() { local name="$1" cfg="$2"; shift 2; run_job "$CAP/$name" ltd caption train --config "$cfg" "$@"; }  # name config [args...]
 case "$1" in
   train)  # two invocations share the list: each job is claimed once (mkdir is atomic)
     jobs=""; for kind in scst srfl_bl srfl_ltd; do for s in $SEEDS; do jobs="$jobs ${kind}_s$s"; done; done
     for s in ${A4_SEEDS:-$SEEDS}; do jobs="$jobs srfl_bl_a4_s$s"; done  # alpha 4 (the paper's ablation)
     for job in $jobs; do
-      mkdir "$CAP/$job.claim" 2>/dev/null || continue
+      claim "$CAP/$job" || continue
       s=${job##*_s}; xe="--set train.init_from=$CAP/xe_s$s/best.pt --set train.seed=$s"
       wait_for "$CAP/xe_s$s/done"
       case "$job" in srfl_bl_*) wait_for "$J/bl/done" ;; srfl_ltd_*) wait_for "$J/ltd/done" ;; esac

@@ -18,14 +18,12 @@ sets() {
     *) echo "unknown variant $1" >&2; exit 2 ;;
   esac
 }
+. "$(dirname "$0")/../jobs.sh"
 mkdir -p "$OUT"
 for v in "${@:-paper_lr5e-5 paper_lr2e-4 mean5_lr5e-5 mean5_lr2e-4}"; do
   for v1 in $v; do
-    [ -f "$OUT/$v1/done" ] && continue
-    args=""; for s in $(sets "$v1") ${EXTRA:-}; do args="$args --set $s"; done
-    resume=""; [ -f "$OUT/$v1/checkpoint.pt" ] && resume="--resume"
-    ltd caption train --config caption_flickr8k_scst_cider --set train.init_from="$XE" $args $resume \
-      --out "$OUT/$v1" --no-progress > "$OUT/$v1.log" 2>&1
-    touch "$OUT/$v1/done"
+    sets "$v1" > /dev/null || exit 2  # an unknown variant stops the list
+    args=""; for s in $(sets "$v1"); do args="$args --set $s"; done
+    run_job "$OUT/$v1" ltd caption train --config caption_flickr8k_scst_cider --set train.init_from="$XE" $args
   done
 done

@@ -9,32 +9,36 @@
 #   srflh_s — CIDEr + self-retrieval on the labelled half, unlabelled images unused (scst.negatives=none):
 #             separates "the retrieval reward" from "the unlabelled images",
 #   srpl_s  — SR-PL: + unlabelled images (retrieval reward only) as moderately hard negatives (ranks 10-100),
-#   srpl_random_s / srpl_hardest_s — the negatives ablation (no mining / the hardest), ABL_SEEDS (default all 3).
+#   srpl_random_s / srpl_hardest_s — the negatives ablation (no mining / the hardest), ABL_SEEDS (default all 3),
+#   srpl_1to10_s / srpl_100to1000_s — other rank ranges [h_min, h_max] for the choice on val, RANGE_SEEDS (default all 3).
+# `val`: each SR-PL range's captioner on the val split under the seed's half judge (the teacher; no test
+# data, no referee): what select_range.py chooses the range from. The rule, fixed before these runs:
+# the highest mean val self-R@10 under the teacher over the seeds, among ranges whose mean val CIDEr-D is
+# within 1.0 of the best range's (R@10, not R@1: 1,000 val images give one seed's R@1 a ~0.7 wobble).
 # Then beam-5 test evaluation under the seed's half judge, the full-data judges of mean5/ (J/bl, J/ltd:
 # trained on all training captions, so independent referees of the captioner's discriminativeness).
-#   J=runs/judges CAP=runs/cap_pl SEEDS="0 1 2" EXTRA="train.num_threads=1" bash run.sh train|eval
+#   J=runs/judges CAP=runs/cap_pl SEEDS="0 1 2" EXTRA="train.num_threads=1" bash run.sh train|val|eval
+# JOBS="judge_s0 xeh_s0 ..." runs only those jobs (in that order). The `eval` referee J/ltd is required,
+# J/bl is used when present.
 # Two `train` invocations share the job list (mkdir claims; a failed job: rmdir its .claim and rerun).
 set -e
 : "${J:?set J}" "${CAP:?set CAP}" "${LTD_DATA_DIR:?set LTD_DATA_DIR}"
 SEEDS=${SEEDS:-0 1 2}
 ABL_SEEDS=${ABL_SEEDS:-$SEEDS}
-extra=""; for s in ${EXTRA:-}; do extra="$extra --set $s"; done
+RANGE_SEEDS=${RANGE_SEEDS:-$SEEDS}
+RANGES="srpl_1to10 srpl srpl_100to1000"  # ranks 1-10, 10-100 (the preset), 100-1000
+. "$(dirname "$0")/../jobs.sh"
 mkdir -p "$CAP"
-run() {  # name command [args...]: resumable, marks done
-  local out="$CAP/$1"; shift
-  [ -f "$out/done" ] && return 0
-  local resume=""; [ -f "$out/checkpoint.pt" ] && resume="--resume"
-  "$@" $extra $resume --out "$out" --no-progress > "$out.log" 2>&1
-  touch "$out/done"
-}
-wait_for() { while [ ! -f "$1" ]; do sleep 20; done; }
+run() { local name="$1"; shift; run_job "$CAP/$name" "$@"; }
 case "$1" in
   train)
     jobs="judge_s0 xeh_s0 xeh_s1 xeh_s2 judge_s1 cidh_s0 cidh_s1 cidh_s2 srpl_s0 judge_s2 srpl_s1 srflh_s0 srpl_s2"
     for s in $ABL_SEEDS; do jobs="$jobs srpl_random_s$s srpl_hardest_s$s"; done
     jobs="$jobs srflh_s1 srflh_s2"
+    for s in $RANGE_SEEDS; do jobs="$jobs srpl_1to10_s$s srpl_100to1000_s$s"; done
+    jobs=${JOBS:-$jobs}
     for job in $jobs; do
-      mkdir "$CAP/$job.claim" 2>/dev/null || continue
+      claim "$CAP/$job" || continue
       s=${job##*_s}
       if [ "${job%_s*}" = judge ]; then
         run "$job" ltd train --config flickr8k_baseline --set data.train_fraction=0.5 --set train.seed="$s"
@@ -52,21 +56,37 @@ case "$1" in
              srflh_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr --set scst.negatives=none ;;
              srpl_random_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr --set scst.negatives=random ;;
              srpl_hardest_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr --set scst.negatives=hardest ;;
+             srpl_1to10_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr --set scst.h_min=1 \
+                             --set scst.h_max=10 ;;
+             srpl_100to1000_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr --set scst.h_min=100 \
+                                 --set scst.h_max=1000 ;;
              srpl_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr ;;
            esac ;;
       esac
     done ;;
-  eval)
+  val)
     for s in $SEEDS; do
-      for c in xeh cidh srflh srpl srpl_random srpl_hardest; do
+      for c in $RANGES; do
+        out="$CAP/val/${c}_s$s"
+        [ -f "$out/report.json" ] && continue
+        [ -f "$CAP/${c}_s$s/done" ] || continue
+        mkdir -p "$CAP/val"
+        ltd caption eval --checkpoint "$CAP/${c}_s$s/best.pt" --split val --no-progress \
+          --retrieval "$CAP/judge_s$s/best.pt" --judge half="$CAP/judge_s$s/best.pt" --out "$out" > "$out.log" 2>&1
+      done
+    done ;;
+  eval)
+    refs="--judge ltd=$J/ltd/best.pt"; [ -f "$J/bl/best.pt" ] && refs="--judge bl=$J/bl/best.pt $refs"
+    for s in $SEEDS; do
+      for c in xeh cidh srflh srpl srpl_random srpl_hardest srpl_1to10 srpl_100to1000; do
         out="$CAP/eval/${c}_s$s"
         [ -f "$out/report.json" ] && continue
         [ -f "$CAP/${c}_s$s/done" ] && [ -f "$CAP/judge_s$s/done" ] || continue  # not trained (yet)
         mkdir -p "$CAP/eval"
         ltd caption eval --checkpoint "$CAP/${c}_s$s/best.pt" --split test --no-progress \
           --retrieval "$CAP/judge_s$s/best.pt" --judge half="$CAP/judge_s$s/best.pt" \
-          --judge bl="$J/bl/best.pt" --judge ltd="$J/ltd/best.pt" --out "$out" > "$out.log" 2>&1
+          $refs --out "$out" > "$out.log" 2>&1
       done
     done ;;
-  *) echo "usage: run.sh train|eval" >&2; exit 2 ;;
+  *) echo "usage: run.sh train|val|eval" >&2; exit 2 ;;
 esac
