@@ -8,7 +8,8 @@
 #   cidh_s  — CIDEr-only on the labelled half (scst.alpha=0, scst.negatives=none: unlabelled images unused),
 #   srflh_s — CIDEr + self-retrieval on the labelled half, unlabelled images unused (scst.negatives=none):
 #             separates "the retrieval reward" from "the unlabelled images",
-#   srpl_s  — SR-PL: + unlabelled images (retrieval reward only) as moderately hard negatives (ranks 10-100),
+#   srpl_s  — SR-PL: + unlabelled images (retrieval reward only) as moderately hard negatives (ranks 10-100; the
+#             preset now ships the val choice 100-1000, so this job sets 10-100 itself),
 #   srpl_random_s / srpl_hardest_s — the negatives ablation (no mining / the hardest), ABL_SEEDS (default all 3),
 #   srpl_1to10_s / srpl_100to1000_s — other rank ranges [h_min, h_max] for the choice on val, RANGE_SEEDS (default all 3).
 # `val`: each SR-PL range's captioner on the val split under the seed's half judge (the teacher; no test
@@ -26,7 +27,7 @@ set -e
 SEEDS=${SEEDS:-0 1 2}
 ABL_SEEDS=${ABL_SEEDS:-$SEEDS}
 RANGE_SEEDS=${RANGE_SEEDS:-$SEEDS}
-RANGES="srpl_1to10 srpl srpl_100to1000"  # ranks 1-10, 10-100 (the preset), 100-1000
+RANGES="srpl_1to10 srpl srpl_100to1000"  # ranks 1-10, 10-100 (the rows above), 100-1000 (the val choice)
 . "$(dirname "$0")/../jobs.sh"
 mkdir -p "$CAP"
 run() { local name="$1"; shift; run_job "$CAP/$name" "$@"; }
@@ -55,12 +56,14 @@ case "$1" in
            case "$job" in
              srflh_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr --set scst.negatives=none ;;
              srpl_random_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr --set scst.negatives=random ;;
-             srpl_hardest_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr --set scst.negatives=hardest ;;
+             srpl_hardest_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr --set scst.negatives=hardest \
+                              --set scst.h_min=10 --set scst.h_max=100 ;;  # as recorded (rank 1 of the top 100)
              srpl_1to10_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr --set scst.h_min=1 \
                              --set scst.h_max=10 ;;
              srpl_100to1000_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr --set scst.h_min=100 \
                                  --set scst.h_max=1000 ;;
-             srpl_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr ;;
+             srpl_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr --set scst.h_min=10 \
+                       --set scst.h_max=100 ;;  # the ranks every row up to the range choice used
            esac ;;
       esac
     done ;;

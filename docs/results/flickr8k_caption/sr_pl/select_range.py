@@ -1,5 +1,5 @@
 """RESULTS §6c "Choosing the negatives' rank range on val": the rule of run.sh's `val` stage, applied.
-    python select_range.py [VAL_FOLDER]   (default: this folder's val/; holds {kind}_s{seed}/report.json)
+    python select_range.py [VAL_FOLDER]   (default: ranges/val/; holds {kind}_s{seed}/report.json)
 Each SR-PL range's captioner on the 1,000 val images (beam 5) under the seed's half judge (the teacher).
 Rule, fixed before the runs: the highest mean val self-R@10 under the teacher, among ranges whose mean
 val CIDEr-D is within 1.0 of the best range's. Prints the per-seed table and the choice."""
@@ -53,4 +53,4 @@ def main(root: Path) -> str:
 
 
 if __name__ == "__main__":
-    print(main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "val"))
+    print(main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "ranges" / "val"))
