@@ -119,10 +119,10 @@ class SBERTTextEncoder(nn.Module):
             ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if dev.type == "cpu" and cpu_bf16_fast()
                    else torch.autocast(dev.type, enabled=False))
             with ctx:
-                emb = self.st.encode(missing, batch_size=64, convert_to_tensor=True, show_progress_bar=False)
-            new = dict(zip(missing, emb.float().cpu()))
+                emb = self.st.encode(missing, batch_size=64, convert_to_tensor=True, show_progress_bar=False).float().cpu()
+            new = dict(zip(missing, emb))
             out = torch.stack([new[t] if t in new else self._memory[t] for t in texts])
-            self.remember(missing, emb.float().cpu())  # may clear the memory first: `out` is already built
+            self.remember(missing, emb)  # may clear the memory first: `out` is already built
             return out
         return torch.stack([self._memory[t] for t in texts])
 
