@@ -23,7 +23,7 @@ mkdir -p "$OUT"
 for v in "${@:-paper_lr5e-5 paper_lr2e-4 mean5_lr5e-5 mean5_lr2e-4}"; do
   for v1 in $v; do
     sets "$v1" > /dev/null || exit 2  # an unknown variant stops the list
-    args=""; for s in $(sets "$v1"); do args="$args --set $s"; done
-    run_job "$OUT/$v1" ltd caption train --config caption_flickr8k_scst_cider --set train.init_from="$XE" $args
+    run_job "$OUT/$v1" ltd caption train --config caption_flickr8k_scst_cider --set train.init_from="$XE" \
+      $(as_sets $(sets "$v1"))
   done
 done

@@ -31,6 +31,19 @@ RANGES="srpl_1to10 srpl srpl_100to1000"  # ranks 1-10, 10-100 (the rows above), 
 . "$(dirname "$0")/../jobs.sh"
 mkdir -p "$CAP"
 run() { local name="$1"; shift; run_job "$CAP/$name" "$@"; }
+evaluate() {  # SPLIT FOLDER "KINDS" [JUDGE ARGS...]: beam-5 eval of every trained captioner once, under its seed's half judge
+  local split="$1" dir="$2" kinds="$3" s c out; shift 3
+  for s in $SEEDS; do
+    for c in $kinds; do
+      out="$CAP/$dir/${c}_s$s"
+      [ -f "$out/report.json" ] && continue
+      [ -f "$CAP/${c}_s$s/done" ] && [ -f "$CAP/judge_s$s/done" ] || continue  # not trained (yet)
+      mkdir -p "$CAP/$dir"
+      ltd caption eval --checkpoint "$CAP/${c}_s$s/best.pt" --split "$split" --no-progress \
+        --retrieval "$CAP/judge_s$s/best.pt" --judge half="$CAP/judge_s$s/best.pt" "$@" --out "$out" > "$out.log" 2>&1
+    done
+  done
+}
 case "$1" in
   train)
     jobs="judge_s0 xeh_s0 xeh_s1 xeh_s2 judge_s1 cidh_s0 cidh_s1 cidh_s2 srpl_s0 judge_s2 srpl_s1 srflh_s0 srpl_s2"
@@ -52,44 +65,22 @@ case "$1" in
       case "$job" in
         cidh_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init --set scst.alpha=0 \
                   --set scst.negatives=none --set scst.distractors=0 ;;
-        *) wait_for "$CAP/judge_s$s/done"; jr="--retrieval $CAP/judge_s$s/best.pt"
-           case "$job" in
-             srflh_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr --set scst.negatives=none ;;
-             srpl_random_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr --set scst.negatives=random ;;
-             srpl_hardest_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr --set scst.negatives=hardest \
-                              --set scst.h_min=10 --set scst.h_max=100 ;;  # as recorded (rank 1 of the top 100)
-             srpl_1to10_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr --set scst.h_min=1 \
-                             --set scst.h_max=10 ;;
-             srpl_100to1000_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr --set scst.h_min=100 \
-                                 --set scst.h_max=1000 ;;
-             srpl_*) run "$job" ltd caption train --config caption_flickr8k_sr_pl $init $jr --set scst.h_min=10 \
-                       --set scst.h_max=100 ;;  # the ranks every row up to the range choice used
-           esac ;;
+        *) wait_for "$CAP/judge_s$s/done"
+           case "$job" in  # each SR-PL job's settings beside the preset's
+             srflh_*) sets="scst.negatives=none" ;;
+             srpl_random_*) sets="scst.negatives=random" ;;
+             srpl_hardest_*) sets="scst.negatives=hardest scst.h_min=10 scst.h_max=100" ;;  # as recorded (rank 1 of the top 100)
+             srpl_1to10_*) sets="scst.h_min=1 scst.h_max=10" ;;
+             srpl_100to1000_*) sets="scst.h_min=100 scst.h_max=1000" ;;
+             srpl_*) sets="scst.h_min=10 scst.h_max=100" ;;  # the ranks every row up to the range choice used
+           esac
+           run "$job" ltd caption train --config caption_flickr8k_sr_pl $init --retrieval "$CAP/judge_s$s/best.pt" \
+             $(as_sets $sets) ;;
       esac
     done ;;
-  val)
-    for s in $SEEDS; do
-      for c in $RANGES; do
-        out="$CAP/val/${c}_s$s"
-        [ -f "$out/report.json" ] && continue
-        [ -f "$CAP/${c}_s$s/done" ] || continue
-        mkdir -p "$CAP/val"
-        ltd caption eval --checkpoint "$CAP/${c}_s$s/best.pt" --split val --no-progress \
-          --retrieval "$CAP/judge_s$s/best.pt" --judge half="$CAP/judge_s$s/best.pt" --out "$out" > "$out.log" 2>&1
-      done
-    done ;;
+  val) evaluate val val "$RANGES" ;;  # the teacher only: no test data, no referee
   eval)
     refs="--judge ltd=$J/ltd/best.pt"; [ -f "$J/bl/best.pt" ] && refs="--judge bl=$J/bl/best.pt $refs"
-    for s in $SEEDS; do
-      for c in xeh cidh srflh srpl srpl_random srpl_hardest srpl_1to10 srpl_100to1000; do
-        out="$CAP/eval/${c}_s$s"
-        [ -f "$out/report.json" ] && continue
-        [ -f "$CAP/${c}_s$s/done" ] && [ -f "$CAP/judge_s$s/done" ] || continue  # not trained (yet)
-        mkdir -p "$CAP/eval"
-        ltd caption eval --checkpoint "$CAP/${c}_s$s/best.pt" --split test --no-progress \
-          --retrieval "$CAP/judge_s$s/best.pt" --judge half="$CAP/judge_s$s/best.pt" \
-          $refs --out "$out" > "$out.log" 2>&1
-      done
-    done ;;
+    evaluate test eval "xeh cidh srflh srpl srpl_random srpl_hardest srpl_1to10 srpl_100to1000" $refs ;;
   *) echo "usage: run.sh train|val|eval" >&2; exit 2 ;;
 esac
