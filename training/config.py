@@ -73,6 +73,7 @@ class ModelConfig:
     text_hidden: int = 512  # GRU hidden size per direction
     text_layers: int = 1
     token_dropout: float = 0.0  # probability of replacing a caption token with <unk> while training
+    text_pool: str = "mean"  # gru: how the bi-GRU's states become one vector: mean | max (over the caption's words)
     sbert_path: str = ""  # text_encoder=sbert: local sentence-transformers folder ("" = packaged MiniLM)
     sbert_train_layers: int = -1  # sbert/tern: -1 fine-tune all layers, 0 frozen (sbert: embeddings cached), k top k layers
     text_head: str = "mlp"  # projection head of the caption encoder: mlp (2 layers) | linear
@@ -152,6 +153,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.image_encoder": ("head", "vsrn", "tern"),
     "model.image_head": ("mlp", "linear"),
     "model.text_head": ("mlp", "linear"),
+    "model.text_pool": ("mean", "max"),
     "model.text_encoder": ("gru", "sbert", "tern"),
     "model.crops": ("1", "2", "10"),
     "loss.contrastive": ("infonce", "triplet", "ifm", "sh", "mh", "order", "sh_mh"),

@@ -146,7 +146,8 @@ def build_text_encoder(cfg: Config, vocab: Vocab, word_embeddings: torch.Tensor 
         word_dim = word_embeddings.shape[1] if word_embeddings is not None else m.word_dim
         return GRUTextEncoder(vocab, word_dim, m.text_hidden, m.embed_dim, layers=m.text_layers,
                               head_hidden=m.head_hidden, batchnorm=m.batchnorm, token_dropout=m.token_dropout,
-                              max_len=cfg.data.max_caption_len, embeddings=word_embeddings, head=m.text_head)
+                              max_len=cfg.data.max_caption_len, embeddings=word_embeddings, head=m.text_head,
+                              pool=m.text_pool)
     if m.text_encoder == "tern":
         return tern_text_encoder(m, shared, cfg.data.max_caption_len)
     from training.targets import resolve_sentence_model

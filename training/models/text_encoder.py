@@ -24,9 +24,12 @@ CORPUS_MIN = 512      # embed_corpus: fewer new texts than this stay in memory o
 class GRUTextEncoder(nn.Module):
     def __init__(self, vocab: Vocab, word_dim: int, hidden: int, embed_dim: int, *, layers: int = 1,
                  head_hidden: int = 2048, batchnorm: bool = False, token_dropout: float = 0.0,
-                 max_len: int = 40, embeddings: torch.Tensor | None = None, head: str = "mlp"):
+                 max_len: int = 40, embeddings: torch.Tensor | None = None, head: str = "mlp",
+                 pool: str = "mean"):
         super().__init__()
-        self.vocab, self.max_len, self.token_dropout = vocab, max_len, token_dropout
+        if pool not in ("mean", "max"):
+            raise ValueError(f"pool must be mean or max, not {pool!r}")
+        self.vocab, self.max_len, self.token_dropout, self.pool = vocab, max_len, token_dropout, pool
         self.embed = nn.Embedding(len(vocab), word_dim, padding_idx=vocab.pad_id)
         if embeddings is not None:
             self.embed.weight.data.copy_(embeddings)
@@ -49,7 +52,10 @@ class GRUTextEncoder(nn.Module):
         out, _ = self.gru(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=tokens.shape[1])
         mask = (torch.arange(tokens.shape[1], device=tokens.device)[None, :] < lengths.to(tokens.device)[:, None])
-        pooled = (out * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True).clamp_min(1)
+        if self.pool == "max":  # over the caption's own words: a padding position never wins
+            pooled = out.masked_fill(~mask.unsqueeze(-1), float("-inf")).amax(1)
+        else:
+            pooled = (out * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True).clamp_min(1)
         return self.head(pooled)
 
 
