@@ -32,13 +32,28 @@ def train_run(cfg, out: Path, *, resume: bool = False, show_progress: bool = Tru
     return train(cfg, out, validate=validator, resume=resume, data=data, show_progress=show_progress)
 
 
+def _with_defaults(saved: object, defaults: dict) -> object:
+    """A saved config read as today's code reads it: keys added to the config since the run was saved
+    take their defaults (a new option's default is, by rule, the old behaviour), so adding an option
+    does not orphan every finished run. Keys that no longer exist stay and so still conflict."""
+    if not isinstance(saved, dict):
+        return saved
+    out = dict(saved)
+    for key, value in defaults.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(value, dict):
+            out[key] = _with_defaults(out[key], value)
+    return out
+
+
 def _state(cfg, run_dir: Path, finished: Callable[[Path], bool]) -> str:
     """``done`` (``finished(checkpoint)`` with this config and a best.pt), ``partial`` (resumable),
     ``absent`` or ``conflict`` (the folder holds a run with another config)."""
     ckpt, saved = run_dir / "checkpoint.pt", run_dir / "config.yaml"
     if not ckpt.is_file():
         return "absent"
-    if not saved.is_file() or yaml.safe_load(saved.read_text()) != cfg.to_dict():
+    if not saved.is_file() or _with_defaults(yaml.safe_load(saved.read_text()), type(cfg)().to_dict()) != cfg.to_dict():
         return "conflict"
     return "done" if finished(ckpt) and (run_dir / "best.pt").is_file() else "partial"
 
