@@ -168,3 +168,18 @@ def test_grid_overrides_substitute_seed_next_seed_and_out(tmp_path):
     sets = ["loss.lambda_schedule={out}/runs/c/seed{next_seed}", "x.y={seed}"]
     assert substitute(sets, 2, [0, 1, 2], tmp_path) == [f"loss.lambda_schedule={tmp_path}/runs/c/seed0", "x.y=2"]
     assert substitute(sets, 0, [0, 1, 2], tmp_path)[0].endswith("seed1")
+
+
+def test_the_clean_preset_is_the_grids_headline_cell(monkeypatch, tmp_path):
+    """configs/flickr8k_clean.yaml must be exactly the recipe whose 3 seeds RESULTS.md reports."""
+    from app.experiment import load_grid
+    from training.config import load_config
+
+    monkeypatch.setenv("LTD_DATA_DIR", str(tmp_path))
+    grid = load_grid(Path(__file__).parent.parent / "grids" / "flickr8k_clean.yaml")
+    cell = next(c for c in grid.cells if c["name"] == "fne_gru_maxpool")
+    measured = load_config(grid.base, grid.common + cell["set"] + ["train.name=flickr8k_clean"]).to_dict()
+    preset = load_config("flickr8k_clean").to_dict()
+    for d in (measured, preset):  # the grid's base is the MiniLM preset; its sbert options do not apply to a bi-GRU
+        d["model"] = {k: v for k, v in d["model"].items() if not k.startswith("sbert_")}
+    assert preset == measured
