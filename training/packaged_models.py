@@ -129,8 +129,8 @@ def glove_mean_path(cache_dir: str = "") -> Path:
     if (dest / "modules.json").is_file():
         return dest
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.models import Pooling, WordEmbeddings
-    from sentence_transformers.models.tokenizer import WhitespaceTokenizer
+    from sentence_transformers.sentence_transformer.modules import Pooling, WordEmbeddings
+    from sentence_transformers.sentence_transformer.modules.tokenizer import WhitespaceTokenizer
 
     words = pq.read_table(index).column("index").to_pylist()
     weights = torch.from_numpy(np.load(vectors).astype(np.float32))
