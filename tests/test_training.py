@@ -371,3 +371,29 @@ def test_train_fraction_keeps_the_captioners_labelled_half():
     assert {im.index for im in other.train.images} != {im.index for im in data.train.images}
     with pytest.raises(ConfigError, match="data.train_fraction"):
         tiny_config("none", ["data.train_fraction=0"])
+
+
+def test_cuda_amp_dtype_picks_the_autocast_type(tmp_path, monkeypatch):
+    """train.amp_dtype chooses the CUDA autocast type (fp16 with loss scaling, bf16 without). No GPU
+    here: a CPU run with its ``use_amp`` flag set by hand takes the same branch of ``train_step``, so
+    the dtype the model's forward sees is the one the option names; anything else is a ConfigError."""
+    from training import loop
+    from training.prepare import prepare
+
+    data = prepare(tiny_config("constraint"), show_progress=False)
+    seen = []
+    encode = loop.DualEncoder.encode_text
+    monkeypatch.setattr(loop.DualEncoder, "encode_text", lambda self, *a, **k: (
+        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None),
+        encode(self, *a, **k))[1])
+    batches = loop.epoch_batches(0, 0, len(data.train_texts), 8)
+    for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        r = loop.set_up(tiny_config("constraint", [f"train.amp_dtype={name}"]), data, torch.device("cpu"),
+                        tmp_path / name, False)
+        assert not r.use_amp and not r.scaler.is_enabled()  # AMP is CUDA's only
+        r.use_amp = True
+        seen.clear()
+        out, _ = loop.train_step(r, batches[0], torch.Generator().manual_seed(0), None)
+        assert seen == [dtype] and np.isfinite(float(out["loss"].detach()))
+    with pytest.raises(ConfigError, match="train.amp_dtype='fp32' is not valid"):
+        tiny_config(extra=["train.amp_dtype=fp32"])

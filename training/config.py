@@ -126,6 +126,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
     amp: bool = True  # mixed precision on CUDA (ignored on CPU)
+    amp_dtype: str = "fp16"  # CUDA autocast type: fp16 (with loss scaling) | bf16 (no scaling: fp32's exponent range)
     cpu_amp: str = "fp32"  # CPU autocast: fp32 | bf16 | auto (bf16 only where native: AVX512-BF16 / AMX)
     log_every: int = 50  # steps between metrics.jsonl lines
     checkpoint_every: int = 0  # also checkpoint every N steps inside an epoch (0 = at epoch ends only)
@@ -164,6 +165,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.schedule": ("cosine", "constant"),
     "train.device": ("auto", "cpu", "cuda"),
     "train.cpu_amp": ("fp32", "bf16", "auto"),
+    "train.amp_dtype": ("fp16", "bf16"),
 }
 
 

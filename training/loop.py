@@ -124,7 +124,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
-    use_amp: bool  # fp16 autocast + loss scaling on CUDA
+    use_amp: bool  # autocast on CUDA (``train.amp_dtype``; fp16 with loss scaling)
     cpu_bf16: bool  # bf16 autocast on the CPU (no loss scaling: bf16 has float32's exponent range)
     backbone_params: list[torch.nn.Parameter]
     train_img: np.ndarray  # dataset image index of each training caption
@@ -167,7 +167,8 @@ def set_up(cfg: Config, data: TrainingData, device: torch.device, run_dir: Path,
     if cpu_bf16:
         log.info("training under bf16 autocast on the CPU (train.cpu_amp=%s)", tc.cpu_amp)
     return Run(cfg=cfg, data=data, run_dir=run_dir, device=device, model=model, objective=objective,
-               optimizer=optimizer, scheduler=scheduler, scaler=torch.amp.GradScaler("cuda", enabled=use_amp),
+               optimizer=optimizer, scheduler=scheduler,
+               scaler=torch.amp.GradScaler("cuda", enabled=use_amp and tc.amp_dtype == "fp16"),
                use_amp=use_amp, cpu_bf16=cpu_bf16, backbone_params=backbone_params, train_img=train_img)
 
 
@@ -287,7 +288,8 @@ def train_step(r: Run, idx: np.ndarray, gen: torch.Generator,
     and the gradient norm before clipping. Random choices draw from ``gen``."""
     model, device, data = r.model, r.device, r.data
     img_ids = torch.as_tensor(r.train_img[idx])
-    with torch.autocast(device.type, dtype=torch.bfloat16 if r.cpu_bf16 else torch.float16,
+    bf16 = r.cpu_bf16 or r.cfg.train.amp_dtype == "bf16"
+    with torch.autocast(device.type, dtype=torch.bfloat16 if bf16 else torch.float16,
                         enabled=r.use_amp or r.cpu_bf16):
         if images is not None:
             img_emb = model.image(next(images).to(device, non_blocking=True))
