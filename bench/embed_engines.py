@@ -139,7 +139,7 @@ def measure(args, paths: list[Path]) -> dict:
     dev = args.device
     res = {"machine": machine_line(), "date": today(), "images": len(paths), "device": dev,
            "bf16_native": cpu_bf16_fast(), "command": "python bench/embed_engines.py " + " ".join(args.argv),
-           "decoders": default_workers(len(paths), 32)}
+           "decoders": default_workers(len(paths), 32), "cores": os.cpu_count()}
     if dev == "cpu":
         os.environ["LTD_FEATURE_DTYPE"] = "float32"  # every runtime row in fp32; the bf16 rows come after
     res["gflops_per_image"] = effnet_gflops(224)
@@ -199,7 +199,8 @@ def measure(args, paths: list[Path]) -> dict:
 def render(res: dict) -> str:
     ceil = res["ceiling_img_s"]
     sec = section(res)
-    bf16 = ("this CPU has native bf16: the runtime rows are pinned to fp32 with `LTD_FEATURE_DTYPE=float32`; "
+    bf16 = ("the GPU's own precision; the CPU only decodes" if res["device"] != "cpu" else
+            "this CPU has native bf16: the runtime rows are pinned to fp32 with `LTD_FEATURE_DTYPE=float32`; "
             "`auto` runs OpenVINO's bf16 kernels here (their own cache entry; torch's bf16 autocast is the fallback), the bf16 rows" if res["bf16_native"]
             else "this CPU has no native bf16 (no AVX-512 BF16 / AMX), so only fp32 could be measured here")
     lines = [sec, "", f"Machine: {res['machine']}. Date: {res['date']}. Command: `{res['command']}`.", "",
@@ -208,7 +209,8 @@ def render(res: dict) -> str:
              f"{'fp16' if res['device'] != 'cpu' else 'fp32'} matmul rate "
              f"({' / '.join(f'{p:.0f}' for p in res['matmul_gflops'])} GFLOP/s at the start / end of the run) = "
              f"**{ceil:.0f} images/s**. End to end = JPEG decode ({res['decoders']} worker processes, overlapped) + resize/crop + CNN "
-             "through the feature cache, batch 32. Load = `uptime`'s 1-minute load average when the row started (2 cores).",
+             "through the feature cache, batch 32. Load = `uptime`'s 1-minute load average when the row started "
+             f"({res.get('cores', '?')} cores).",
              "", "| runtime | CNN alone (img/s) | % of ceiling | end to end (img/s) | % of ceiling | min cosine to torch | load |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
