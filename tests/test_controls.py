@@ -188,3 +188,31 @@ def test_glove_mean_targets_are_the_mean_glove_vector_of_the_words(tmp_path, mon
     for caption, target in zip(captions, got):
         known = [row[w] for w in caption.lower().split() if w in row]
         np.testing.assert_allclose(target, np.asarray(vectors[known]).mean(0), rtol=1e-5, atol=1e-6)
+
+
+def test_ltd_side_decodes_the_targets_from_the_embedding_it_names():
+    """loss.ltd_side: text (the paper's LTD) decodes the caption's target from the caption embedding,
+    image from its image's embedding, both averages the two; the gradient of L_rec reaches only the
+    side(s) named. ITD cannot take it."""
+    import torch
+
+    from training.config import ConfigError
+    from training.losses.objective import TrainingObjective
+    from training.losses.reconstruction import cosine_reconstruction_loss
+
+    torch.manual_seed(0)
+    dec = torch.nn.Linear(8, 5)
+    img, txt, tgt = torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 5)
+    want = {"text": cosine_reconstruction_loss(dec(txt), tgt), "image": cosine_reconstruction_loss(dec(img), tgt)}
+    want["both"] = (want["text"] + want["image"]) / 2
+    for side in ("text", "image", "both"):
+        cfg = tiny_config("dual", [f"loss.ltd_side={side}", "loss.decoder=ltd"])
+        obj = TrainingObjective(cfg.loss, total_steps=10)
+        i, t = img.clone().requires_grad_(), txt.clone().requires_grad_()
+        out = obj(i, t, image_ids=torch.arange(4), decoder=dec, targets=tgt)
+        assert float(out["l_rec"]) == pytest.approx(float(want[side]), rel=1e-6)
+        obj._reconstruct(t, dec, None, tgt, i)["loss"].backward()  # L_rec alone (the step's l_rec is detached)
+        assert (i.grad is not None and bool(i.grad.abs().sum() > 0)) == (side != "text")
+        assert (t.grad is not None and bool(t.grad.abs().sum() > 0)) == (side != "image")
+    with pytest.raises(ConfigError, match="loss.ltd_side"):
+        tiny_config("dual", ["loss.decoder=itd", "loss.ltd_side=image"])

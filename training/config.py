@@ -95,6 +95,7 @@ class LossConfig:
     mode: str = "none"  # none | dual | constraint | replay (constraint with a fixed, logged λ(t): lambda_schedule)
     decoder: str = "ltd"  # ltd (latent target) | itd (input tokens)
     itd_reduction: str = "mean"  # itd: mean token NLL, or sum over each caption's tokens (the paper's), mean over captions
+    ltd_side: str = "text"  # ltd: decode the targets from the caption embedding (the paper's), the image embedding, or both (mean)
     beta: float = 1.0  # dual: L_con + beta * L_rec
     eta: float = 0.2  # constraint: L_con + lambda * (L_rec / eta - 1)
     lambda_init: float = 1.0
@@ -161,6 +162,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "loss.mode": ("none", "dual", "constraint", "replay"),
     "loss.decoder": ("ltd", "itd"),
     "loss.itd_reduction": ("mean", "sum"),
+    "loss.ltd_side": ("text", "image", "both"),
     "optim.optimizer": ("adam", "adamw"),
     "optim.schedule": ("cosine", "constant"),
     "train.device": ("auto", "cpu", "cuda"),
@@ -334,6 +336,8 @@ def validate(cfg: Config) -> None:
         ("data.max_caption_len", cfg.data.max_caption_len >= 1, "must be >= 1"),
         ("data.min_word_count", cfg.data.min_word_count >= 1, "must be >= 1"),
         ("data.train_fraction", 0 < cfg.data.train_fraction <= 1, "must be in (0, 1]"),
+        ("loss.ltd_side", cfg.loss.ltd_side == "text" or cfg.loss.decoder == "ltd",
+         "needs loss.decoder=ltd (ITD decodes caption tokens from the caption embedding only)"),
     ]
     for key, ok, msg in checks:
         if not ok:

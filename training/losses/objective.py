@@ -116,20 +116,30 @@ class TrainingObjective(nn.Module):
         float32), ``decoder`` the model's reconstruction decoder, ``captions`` the batch's texts
         (ITD) and ``targets`` (B, T) the LTD targets of those captions."""
         con = self.contrastive(img.float(), txt.float(), image_ids=image_ids)
-        rec = None if self.reconstruction is None else self._reconstruct(txt, decoder, captions, targets)
+        rec = None if self.reconstruction is None else self._reconstruct(txt, decoder, captions, targets, img)
         out = self.combiner(con["loss"], None if rec is None else rec["loss"])
         for prefix, terms in (("con", con), ("rec", rec or {})):  # the losses' own scalar diagnostics
             out.update({f"{prefix}_{k}": v for k, v in terms.items() if k != "loss" and v.dim() == 0})
         return out
 
     def _reconstruct(self, txt: Tensor, decoder: nn.Module | None, captions: list[str] | None,
-                     targets: Tensor | None) -> dict[str, Tensor]:
+                     targets: Tensor | None, img: Tensor | None = None) -> dict[str, Tensor]:
         if decoder is None:
             raise ValueError(f"loss.decoder={self.needs.decoder}: the model has no decoder to reconstruct with")
         if self.needs.decoder == "ltd":
             if targets is None:
                 raise ValueError("LTD needs the captions' targets")
-            return self.reconstruction(decoder(txt).float(), targets.to(txt.device))
+            targets = targets.to(txt.device)
+            side = self.cfg.ltd_side
+            if side == "text":
+                return self.reconstruction(decoder(txt).float(), targets)
+            # image / both: the same decoder reads the caption's target from its image's embedding (a
+            # control: does holding caption content on the image side restore what shortcuts break?)
+            rec_img = self.reconstruction(decoder(img).float(), targets)
+            if side == "image":
+                return rec_img
+            rec_txt = self.reconstruction(decoder(txt).float(), targets)
+            return {k: (rec_img[k] + rec_txt[k]) / 2 for k in rec_txt if k in rec_img}
         if captions is None:
             raise ValueError("ITD needs the captions")
         ids = [self.vocab.encode_text(t)[: self.max_caption_len] for t in captions]
