@@ -53,7 +53,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench._gpu_report import SECTION, render  # noqa: E402,F401  (render: --render, and the tests)
-from bench._machine import machine_line, today  # noqa: E402
+from bench._machine import best_of, machine_line, today  # noqa: E402
 
 GPU = "cuda"  # --dry-run sets "cpu": the script's own check on a machine without a GPU (numbers meaningless)
 RECIPES = {  # name: (preset, extra overrides)
@@ -207,8 +207,8 @@ def caption_steps(judge: str, steps: int) -> dict:
     from bench.caption_epoch import main as caption_epoch
 
     out = {}
-    for dev, n in [(GPU, steps), ("cpu", max(2, steps // 5))]:
-        key = "cuda" if dev == "cuda" else f"{dev} (dry run)" if dev == GPU else "cpu"
+    gpu_key = "cuda" if GPU == "cuda" else "cpu standing in for the GPU (dry run)"
+    for key, dev, n in [(gpu_key, GPU, steps), ("cpu", "cpu", max(2, steps // 5))]:
         out[key] = caption_epoch(["--config", "caption_synthetic_sr_pl", "--retrieval", judge, "--steps", str(n),
                                   "--set", f"train.device={dev}"])
     return out
@@ -216,15 +216,8 @@ def caption_steps(judge: str, steps: int) -> dict:
 
 # ---- 3. embedding throughput ---------------------------------------------------------------------
 def best_time(fn, device: str, repeats: int = 3) -> float:
-    fn()
-    sync(device)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        sync(device)
-        best = min(best, time.perf_counter() - t)
-    return best
+    """``bench._machine.best_of`` with the device's queue drained inside each timed call."""
+    return best_of(lambda: (fn(), sync(device)), repeats)
 
 
 def image_throughput(batch: int = 256) -> dict:

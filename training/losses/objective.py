@@ -139,7 +139,7 @@ class TrainingObjective(nn.Module):
             if side == "image":
                 return rec_img
             rec_txt = self.reconstruction(decoder(txt).float(), targets)
-            return {k: (rec_img[k] + rec_txt[k]) / 2 for k in rec_txt if k in rec_img}
+            return {k: (rec_img[k] + rec_txt[k]) / 2 for k in rec_txt}
         if captions is None:
             raise ValueError("ITD needs the captions")
         ids = [self.vocab.encode_text(t)[: self.max_caption_len] for t in captions]
