@@ -82,3 +82,36 @@ def probe_indexes(fit_dir: str | Path, eval_dir: str | Path, target_model: str =
     out["fit"], out["eval"] = str(fit.path), str(ev.path)
     out["shortcuts"] = {"fit": fit.manifest.get("shortcuts", "none"), "eval": ev.manifest.get("shortcuts", "none")}
     return out
+
+
+def probe_grid(grid_dir: str | Path, fit_split: str = "val", eval_split: str = "test", target_model: str = "",
+               cache_dir: str = "") -> list[dict]:
+    """Probe every run of an `ltd experiment` output folder (``indexes/<cell>/seed<N>/{fit,eval}``, clean
+    splits): one row per cell with the seeds' mean and sample std of the caption- and image-side cosines."""
+    root = Path(grid_dir) / "indexes"
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: not an `ltd experiment` output folder (no indexes/)")
+    rows = []
+    for cell in sorted(p for p in root.iterdir() if p.is_dir()):
+        seeds = sorted(d for d in cell.glob("seed*") if (d / fit_split).is_dir() and (d / eval_split).is_dir())
+        res = [probe_indexes(d / fit_split, d / eval_split, target_model, cache_dir) for d in seeds]
+        if not res:
+            continue
+        row = {"cell": cell.name, "seeds": [d.name for d in seeds]}
+        for side in ("captions", "images"):
+            v = np.array([r[side]["cosine"] for r in res])
+            row[side] = {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+                         "values": v.tolist(), "floor": res[0][side]["floor"]}
+        rows.append(row)
+    return rows
+
+
+def grid_markdown(rows: list[dict]) -> str:
+    """The table of :func:`probe_grid`: mean ± std over seeds, and the floor (the mean target)."""
+    out = ["| cell | seeds | caption side | image side |", "|---|---:|---:|---:|"]
+    for r in rows:
+        c, i = r["captions"], r["images"]
+        out.append(f"| {r['cell']} | {len(r['seeds'])} | {c['mean']:.4f} ± {c['std']:.4f} | {i['mean']:.4f} ± {i['std']:.4f} |")
+    if rows:
+        out.append(f"| floor (the mean target) | – | {rows[0]['captions']['floor']:.4f} | {rows[0]['images']['floor']:.4f} |")
+    return "\n".join(out)

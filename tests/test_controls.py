@@ -216,3 +216,29 @@ def test_ltd_side_decodes_the_targets_from_the_embedding_it_names():
         assert (t.grad is not None and bool(t.grad.abs().sum() > 0)) == (side != "image")
     with pytest.raises(ConfigError, match="loss.ltd_side"):
         tiny_config("dual", ["loss.decoder=itd", "loss.ltd_side=image"])
+
+
+def test_shuffled_ltd_targets_are_a_derangement_of_the_caption_targets():
+    """loss.ltd_targets=shuffled (the control for what LTD's targets say): the prepared training targets are
+    the caption targets permuted so that no caption keeps its own, the same permutation for the same seed
+    and another for another seed; ITD cannot take it."""
+    import torch
+
+    from training.config import ConfigError
+    from training.prepare import prepare, shuffled_targets
+
+    own = prepare(tiny_config("dual"), show_progress=False).targets
+    got = prepare(tiny_config("dual", ["loss.ltd_targets=shuffled"]), show_progress=False).targets
+    assert got.shape == own.shape
+    # the same rows (as a multiset: the scenes repeat some captions word for word), nearly all moved
+    def rows(x):
+        return sorted(map(tuple, x.tolist()))
+    assert rows(got) == rows(own)
+    assert float((got == own).all(1).float().mean()) < 0.2  # only repeated captions can keep their target
+    t = torch.arange(6.0).unsqueeze(1)
+    assert torch.equal(shuffled_targets(t, 3), shuffled_targets(t, 3))
+    assert not torch.equal(shuffled_targets(t, 3), shuffled_targets(t, 4))
+    for seed in range(50):  # distinct rows, small n: fixed points are common before the repair
+        assert (shuffled_targets(t, seed).squeeze(1) != t.squeeze(1)).all()
+    with pytest.raises(ConfigError, match="loss.ltd_targets"):
+        tiny_config("dual", ["loss.decoder=itd", "loss.ltd_targets=shuffled"])

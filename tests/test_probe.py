@@ -47,3 +47,31 @@ def test_ltd_probe_cli(tiny_index_pair, capsys):
     assert out["captions"]["n_fit"] == 5 * out["images"]["n_fit"]
     assert main(["probe", "--fit", bl, "--eval", ltd]) == 2
     assert "different checkpoints" in capsys.readouterr().err
+
+
+def test_ltd_probe_grid_summarises_every_run_of_an_experiment(tiny_index_pair, tmp_path, capsys):
+    """`ltd probe --grid OUT`: every cell's seeds probed (fit on val, scored on test), mean ± std per cell,
+    the same numbers as probing each run by hand."""
+    import shutil
+
+    from app.cli import main
+    from indexer.probe import probe_grid, probe_indexes
+
+    for cell in ("bl", "ltd"):
+        for seed in (0, 1):
+            for split in ("val", "test"):  # the tiny pair has a test index only: it plays both splits here
+                shutil.copytree(tiny_index_pair[cell], tmp_path / "indexes" / cell / f"seed{seed}" / split)
+    (tmp_path / "indexes" / "ltd" / "seed2" / "test").mkdir(parents=True)  # no val index: skipped
+    rows = {r["cell"]: r for r in probe_grid(tmp_path)}
+    assert set(rows) == {"bl", "ltd"}
+    for cell, row in rows.items():
+        one = probe_indexes(tiny_index_pair[cell], tiny_index_pair[cell])
+        assert row["seeds"] == ["seed0", "seed1"]
+        for side in ("captions", "images"):
+            assert row[side]["mean"] == one[side]["cosine"] and row[side]["std"] == 0.0
+    assert main(["probe", "--grid", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"| bl | 2 | {rows['bl']['captions']['mean']:.4f} ± 0.0000 |" in out and "| floor (the mean target) |" in out
+    assert main(["probe", "--grid", str(tmp_path), "--fit", str(tiny_index_pair["bl"])]) == 2
+    assert main(["probe", "--fit", str(tiny_index_pair["bl"])]) == 2
+    assert main(["probe", "--grid", str(tmp_path / "nothing")]) == 2

@@ -96,6 +96,7 @@ class LossConfig:
     decoder: str = "ltd"  # ltd (latent target) | itd (input tokens)
     itd_reduction: str = "mean"  # itd: mean token NLL, or sum over each caption's tokens (the paper's), mean over captions
     ltd_side: str = "text"  # ltd: decode the targets from the caption embedding (the paper's), the image embedding, or both (mean)
+    ltd_targets: str = "caption"  # ltd: each caption's own target, or "shuffled" (another caption's, a fixed permutation: a control)
     beta: float = 1.0  # dual: L_con + beta * L_rec
     eta: float = 0.2  # constraint: L_con + lambda * (L_rec / eta - 1)
     lambda_init: float = 1.0
@@ -163,6 +164,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "loss.decoder": ("ltd", "itd"),
     "loss.itd_reduction": ("mean", "sum"),
     "loss.ltd_side": ("text", "image", "both"),
+    "loss.ltd_targets": ("caption", "shuffled"),
     "optim.optimizer": ("adam", "adamw"),
     "optim.schedule": ("cosine", "constant"),
     "train.device": ("auto", "cpu", "cuda"),
@@ -338,6 +340,8 @@ def validate(cfg: Config) -> None:
         ("data.train_fraction", 0 < cfg.data.train_fraction <= 1, "must be in (0, 1]"),
         ("loss.ltd_side", cfg.loss.ltd_side == "text" or cfg.loss.decoder == "ltd",
          "needs loss.decoder=ltd (ITD decodes caption tokens from the caption embedding only)"),
+        ("loss.ltd_targets", cfg.loss.ltd_targets == "caption" or cfg.loss.decoder == "ltd",
+         "needs loss.decoder=ltd (ITD's targets are the caption's own tokens)"),
     ]
     for key, ok, msg in checks:
         if not ok:

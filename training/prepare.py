@@ -137,9 +137,29 @@ def prepare(cfg: Config, *, show_progress: bool = True, device: str = "cpu") -> 
         # must recover the caption's content, not the shortcut.
         targets = torch.from_numpy(compute_targets([c.raw for c in train.captions], target_model,
                                                    cache_dir=cfg.data.cache_dir, show_progress=show_progress))
+        if cfg.loss.ltd_targets == "shuffled":
+            targets = shuffled_targets(targets, cfg.train.seed)
     return TrainingData(dataset=ds, train=train, val=val, vocab=vocab, image_feats=feats, failed_images=store.failed,
                         train_texts=train_texts, val_texts=val_texts, targets=targets, backbone=backbone,
                         feat_dim=store.dim, feature_key=store.key, word_embeddings=emb, region_dim=region_dim)
+
+
+def shuffled_targets(targets: torch.Tensor, seed: int) -> torch.Tensor:
+    """The control for LTD's targets (``loss.ltd_targets=shuffled``): every caption gets the target of
+    another caption, by a fixed permutation with no fixed points (seeded; stream 7 of the run's seed).
+    The targets keep their distribution and stay one per caption — so the decoder still asks the
+    caption embeddings to tell captions apart — but no longer say what the caption says."""
+    n = len(targets)
+    if n < 2:
+        return targets
+    rng = np.random.default_rng([seed, 7])
+    perm = rng.permutation(n)
+    fixed = np.flatnonzero(perm == np.arange(n))
+    for i in fixed:  # swap each fixed point with its neighbour (stays a permutation, creates none)
+        if perm[i] == i:
+            j = (i + 1) % n
+            perm[i], perm[j] = perm[j], perm[i]
+    return targets[torch.from_numpy(perm)]
 
 
 def check_target_model(m, target_model: str) -> None:

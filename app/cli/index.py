@@ -58,8 +58,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     r = sub.add_parser("probe", parents=[common],
                        help="how much of each caption's sentence embedding a model's caption and image embeddings hold "
                             "(linear probes: fitted on one split's index, scored on another's)")
-    r.add_argument("--fit", required=True, help="index directory of the split the probes are fitted on (e.g. val)")
-    r.add_argument("--eval", required=True, help="index directory of the split they are scored on (e.g. test)")
+    r.add_argument("--fit", help="index directory of the split the probes are fitted on (e.g. val)")
+    r.add_argument("--eval", help="index directory of the split they are scored on (e.g. test)")
+    r.add_argument("--grid", help="instead: an `ltd experiment` output folder; probes every run (fitted on its val "
+                                  "index, scored on its test index) and prints mean ± std per cell")
     r.add_argument("--target-model", default="", help="sentence encoder of the targets (default all-MiniLM-L6-v2)")
     r.set_defaults(func=cmd_probe)
 
@@ -152,7 +154,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from indexer.probe import probe_indexes
+    from indexer.probe import grid_markdown, probe_grid, probe_indexes
 
+    if args.grid:
+        if args.fit or args.eval:
+            raise ValueError("give either --grid or --fit and --eval")
+        print(grid_markdown(probe_grid(args.grid, target_model=args.target_model)))
+        return 0
+    if not (args.fit and args.eval):
+        raise ValueError("--fit and --eval are both needed (or --grid)")
     print(json.dumps(probe_indexes(args.fit, args.eval, target_model=args.target_model), indent=1))
     return 0
