@@ -338,10 +338,9 @@ def validate(cfg: Config) -> None:
         ("data.max_caption_len", cfg.data.max_caption_len >= 1, "must be >= 1"),
         ("data.min_word_count", cfg.data.min_word_count >= 1, "must be >= 1"),
         ("data.train_fraction", 0 < cfg.data.train_fraction <= 1, "must be in (0, 1]"),
-        ("loss.ltd_side", cfg.loss.ltd_side == "text" or cfg.loss.decoder == "ltd",
-         "needs loss.decoder=ltd (ITD decodes caption tokens from the caption embedding only)"),
-        ("loss.ltd_targets", cfg.loss.ltd_targets == "caption" or cfg.loss.decoder == "ltd",
-         "needs loss.decoder=ltd (ITD's targets are the caption's own tokens)"),
+        *((f"loss.{k}", getattr(cfg.loss, k) == default or cfg.loss.decoder == "ltd",
+           "needs loss.decoder=ltd (ITD decodes the caption's own tokens from the caption embedding)")
+          for k, default in (("ltd_side", "text"), ("ltd_targets", "caption"))),
     ]
     for key, ok, msg in checks:
         if not ok:
@@ -349,15 +348,13 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{key}={getattr(getattr(cfg, sec), name)!r} {msg}")
     if cfg.loss.mode == "replay" and not cfg.loss.lambda_schedule:
         raise ConfigError("loss.mode=replay needs loss.lambda_schedule (a finished constraint run's folder)")
-    if cfg.model.backbone == "precomputed" and not cfg.model.precomputed_path:
-        raise ConfigError("model.backbone=precomputed needs model.precomputed_path")
-    if cfg.model.backbone == "precomputed" and not cfg.model.freeze_backbone:
-        raise ConfigError("model.backbone=precomputed cannot be fine-tuned: set model.freeze_backbone=true")
+    if cfg.model.backbone == "precomputed" and not (cfg.model.precomputed_path and cfg.model.freeze_backbone):
+        raise ConfigError("model.backbone=precomputed needs model.precomputed_path and model.freeze_backbone=true "
+                          "(precomputed features cannot be fine-tuned)")
     if cfg.model.image_features == "fne" and not cfg.model.freeze_backbone:
         raise ConfigError("model.image_features=fne needs a frozen backbone (model.freeze_backbone=true)")
     validate_regions(cfg.model)
-    sc = cfg.data.shortcuts
-    if not (sc in ("none", "unique", "image_only", "caption_only") or
+    if not ((sc := cfg.data.shortcuts) in ("none", "unique", "image_only", "caption_only") or
             (sc.startswith("bits:") and sc[5:].isdigit() and 1 <= int(sc[5:]) <= 19)):
         raise ConfigError(f"data.shortcuts={sc!r} is not valid; choose none, unique, image_only, "
                           "caption_only or bits:N (1 <= N <= 19)")
