@@ -10,44 +10,66 @@ import yaml
 from conftest import TINY
 
 
+def _demo_args(tmp_path, *extra):
+    """`ltd demo --no-serve` on the tiny scenes; ``extra`` after TINY, so its --set wins."""
+    return ["demo", "--out", str(tmp_path / "demo"), "--no-serve", "--no-progress",
+            *[a for s in TINY for a in ("--set", s)], *extra]
+
+
 @pytest.mark.slow
 def test_demo_no_serve_prints_table_and_reuses(tmp_path, capsys, monkeypatch):
+    """The default demo on the scenes: the small-batch presets (no shortcuts), one test table, the sentence
+    with this run's difference and the 3-seed measurement; a re-run retrains nothing."""
     from app.cli import main
+    from app.cli.demo import SMALL_BATCH_CLAIM
 
     monkeypatch.delenv("LTD_DATA_DIR", raising=False)
-    args = ["demo", "--out", str(tmp_path / "demo"), "--no-serve", "--no-progress"]
-    for s in TINY:
-        args += ["--set", s]
+    args = _demo_args(tmp_path, "--set", "train.batch_size=16")  # TINY sets 32: keep the presets' batch
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert out.count("| metric | bl | ltd | Δ (ltd − bl) |") == 2 and "| rsum |" in out  # without, with the shortcut
-    assert "Test WITHOUT it" in out and "Test WITH the shortcut" in out and "In one sentence:" in out
-    assert "Queries where the two models disagree most" in out
+    assert out.count("| metric | bl | ltd | Δ (ltd − bl) |") == 1 and "| rsum |" in out
+    assert "In one sentence: trained with batches of 16" in out and SMALL_BATCH_CLAIM in out
+    assert "shortcut" not in out.lower() and "Queries where the two models disagree most" in out
     root = tmp_path / "demo" / "synthetic"
-    for n in ("bl", "ltd"):
-        assert (root / "runs" / n / "best.pt").is_file()
-        assert yaml.safe_load((root / "runs" / n / "config.yaml").read_text())["data"]["shortcuts"] == "unique"
-        clean = json.loads((root / "indexes" / n / "manifest.json").read_text())
-        with_sc = json.loads((root / "indexes" / f"{n}_shortcut" / "manifest.json").read_text())
-        assert clean.get("shortcuts", "none") == "none" and with_sc["shortcuts"] == "unique"
+    for n, mode in (("bl", "none"), ("ltd", "constraint")):
+        cfg = yaml.safe_load((root / "runs" / n / "config.yaml").read_text())
+        assert (cfg["data"]["shortcuts"], cfg["train"]["batch_size"], cfg["loss"]["mode"]) == ("none", 16, mode)
         assert json.loads((root / "indexes" / n / "report.json").read_text())["meta"]["relevance"] == "rougeL"
     mtimes = {p: p.stat().st_mtime for p in root.rglob("*.pt")}
     assert main(args) == 0  # re-running reuses everything
-    assert "reusing" not in capsys.readouterr().out  # (logged, not printed)
     assert {p: p.stat().st_mtime for p in root.rglob("*.pt")} == mtimes
 
 
 @pytest.mark.slow
+def test_demo_shortcuts_trains_with_them_and_tests_without_and_with(tmp_path, capsys, monkeypatch):
+    """`ltd demo --shortcuts`: the SVL presets in their own folder, test without and with the shortcut."""
+    from app.cli import main
+
+    monkeypatch.delenv("LTD_DATA_DIR", raising=False)
+    assert main(_demo_args(tmp_path, "--shortcuts")) == 0
+    out = capsys.readouterr().out
+    assert out.count("| metric | bl | ltd | Δ (ltd − bl) |") == 2 and "| rsum |" in out  # without, with the shortcut
+    assert "Test WITHOUT it" in out and "Test WITH the shortcut" in out and "In one sentence:" in out
+    root = tmp_path / "demo" / "synthetic_svl"
+    for n in ("bl", "ltd"):
+        assert yaml.safe_load((root / "runs" / n / "config.yaml").read_text())["data"]["shortcuts"] == "unique"
+        clean = json.loads((root / "indexes" / n / "manifest.json").read_text())
+        with_sc = json.loads((root / "indexes" / f"{n}_shortcut" / "manifest.json").read_text())
+        assert clean.get("shortcuts", "none") == "none" and with_sc["shortcuts"] == "unique"
+    assert main(_demo_args(tmp_path, "--shortcuts", "--dataset", str(tmp_path))) == 2  # the scenes' setting only
+    assert "--shortcuts is the synthetic scenes'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_demo_captioning_trains_judges_and_captioners_and_reuses(tmp_path, capsys, monkeypatch):
-    """`ltd demo --captioning`: clean judges (the demo's shortcut models cannot judge), XE, SR-FL under each
-    judge started from XE, every captioner evaluated under both judges; a re-run retrains nothing."""
+    """`ltd demo --shortcuts --captioning`: clean judges (the demo's shortcut models cannot judge), XE, SR-FL
+    under each judge started from XE, every captioner evaluated under both judges; a re-run retrains
+    nothing. (Without --shortcuts the judges are the demo's own two models: no judge runs.)"""
     from app.cli import main
     from test_caption_cli import TINY_CAP
 
     monkeypatch.delenv("LTD_DATA_DIR", raising=False)
-    args = ["demo", "--out", str(tmp_path / "demo"), "--no-serve", "--no-progress", "--captioning"]
-    for s in TINY:
-        args += ["--set", s]
+    args = _demo_args(tmp_path, "--shortcuts", "--captioning")
     for s in TINY_CAP:
         if not s.startswith("data.synthetic_images"):
             args += ["--caption-set", s]
@@ -56,7 +78,7 @@ def test_demo_captioning_trains_judges_and_captioners_and_reuses(tmp_path, capsy
     assert "| captioner | BLEU-4 | CIDEr-D | unique_% | self R@1 (bl judge) |" in out
     for name in ("xe", "sr_bl", "sr_ltd"):
         assert f"| {name} |" in out
-    root = tmp_path / "demo" / "synthetic"
+    root = tmp_path / "demo" / "synthetic_svl"
     for j in ("bl", "ltd"):
         assert yaml.safe_load((root / "runs" / f"judge_{j}" / "config.yaml").read_text())["data"]["shortcuts"] == "none"
         cfg = yaml.safe_load((root / "captioners" / f"sr_{j}" / "config.yaml").read_text())

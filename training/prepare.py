@@ -130,14 +130,15 @@ def prepare(cfg: Config, *, show_progress: bool = True, device: str = "cpu") -> 
         mat, _ = glove_matrix(vocab, m.word_embeddings, seed=cfg.train.seed)
         emb = torch.from_numpy(mat)
     targets = None
-    target_model = objective_needs(cfg.loss).target_model
+    needs = objective_needs(cfg.loss)
+    target_model = needs.target_model
     if target_model is not None:
         check_target_model(m, target_model)
         # Targets encode the caption as written, without the synthetic shortcut digits: the decoder
         # must recover the caption's content, not the shortcut.
         targets = torch.from_numpy(compute_targets([c.raw for c in train.captions], target_model,
                                                    cache_dir=cfg.data.cache_dir, show_progress=show_progress))
-        if cfg.loss.ltd_targets == "shuffled":
+        if needs.shuffled_targets:
             targets = shuffled_targets(targets, cfg.train.seed)
     return TrainingData(dataset=ds, train=train, val=val, vocab=vocab, image_feats=feats, failed_images=store.failed,
                         train_texts=train_texts, val_texts=val_texts, targets=targets, backbone=backbone,

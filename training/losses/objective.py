@@ -54,6 +54,7 @@ class ObjectiveNeeds:
     decoder: str | None  # "ltd" | "itd": the decoder the model attaches; None: no reconstruction
     target_model: str | None  # LTD targets from this sentence model ("" = the packaged MiniLM); None: none
     similarity: str  # "cosine" | "order": what the trained embeddings are ranked by
+    shuffled_targets: bool = False  # LTD's control: each caption gets another caption's target (loss.ltd_targets)
 
     @property
     def tokens(self) -> bool:
@@ -74,7 +75,8 @@ def objective_needs(loss: LossConfig) -> ObjectiveNeeds:
     """Answer, from the loss config alone, what training must provide (cheap: reads no file)."""
     decoder = None if loss.mode == "none" else loss.decoder
     return ObjectiveNeeds(decoder=decoder, target_model=loss.target_model if decoder == "ltd" else None,
-                          similarity=similarity_for(first_contrastive(loss)))
+                          similarity=similarity_for(first_contrastive(loss)),
+                          shuffled_targets=decoder == "ltd" and loss.ltd_targets == "shuffled")
 
 
 class TrainingObjective(nn.Module):
