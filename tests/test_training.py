@@ -347,7 +347,7 @@ def test_cpu_bf16_autocast_trains_close_to_fp32(tmp_path, monkeypatch):
     for native in (False, True):
         monkeypatch.setattr(loop, "cpu_bf16_fast", lambda native=native: native)
         r = loop.set_up(cfg_auto, data, torch.device("cpu"), tmp_path / f"auto{native}", False)
-        assert r.cpu_bf16 is native and not r.use_amp
+        assert r.autocast_dtype == (torch.bfloat16 if native else None) and not r.scaler.is_enabled()
     with pytest.raises(ConfigError, match="train.cpu_amp='fp16' is not valid"):
         tiny_config(extra=["train.cpu_amp=fp16"])
 
@@ -374,9 +374,10 @@ def test_train_fraction_keeps_the_captioners_labelled_half():
 
 
 def test_cuda_amp_dtype_picks_the_autocast_type(tmp_path, monkeypatch):
-    """train.amp_dtype chooses the CUDA autocast type (fp16 with loss scaling, bf16 without). No GPU
-    here: a CPU run with its ``use_amp`` flag set by hand takes the same branch of ``train_step``, so
-    the dtype the model's forward sees is the one the option names; anything else is a ConfigError."""
+    """train.amp_dtype chooses the CUDA autocast type (fp16 with loss scaling, bf16 without), decided in
+    one place (``loop.autocast_dtype``); ``train_step`` runs under exactly that type. No GPU here: a CPU
+    run given the CUDA decision by hand takes the same branch, so the dtype the model's forward sees is
+    the one the option names; anything else is a ConfigError."""
     from training import loop
     from training.prepare import prepare
 
@@ -388,12 +389,15 @@ def test_cuda_amp_dtype_picks_the_autocast_type(tmp_path, monkeypatch):
         encode(self, *a, **k))[1])
     batches = loop.epoch_batches(0, 0, len(data.train_texts), 8)
     for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
-        r = loop.set_up(tiny_config("constraint", [f"train.amp_dtype={name}"]), data, torch.device("cpu"),
-                        tmp_path / name, False)
-        assert not r.use_amp and not r.scaler.is_enabled()  # AMP is CUDA's only
-        r.use_amp = True
+        cfg = tiny_config("constraint", [f"train.amp_dtype={name}", "train.cpu_amp=fp32"])
+        assert loop.autocast_dtype("cuda", cfg.train) == dtype
+        assert loop.autocast_dtype("cuda", tiny_config(extra=[f"train.amp_dtype={name}", "train.amp=false"]).train) is None
+        r = loop.set_up(cfg, data, torch.device("cpu"), tmp_path / name, False)
+        assert r.autocast_dtype is None and not r.scaler.is_enabled()  # AMP is CUDA's only; cpu_amp fp32
+        r.autocast_dtype = loop.autocast_dtype("cuda", cfg.train)
         seen.clear()
         out, _ = loop.train_step(r, batches[0], torch.Generator().manual_seed(0), None)
         assert seen == [dtype] and np.isfinite(float(out["loss"].detach()))
+    assert loop.autocast_dtype("cpu", tiny_config(extra=["train.cpu_amp=bf16"]).train) == torch.bfloat16
     with pytest.raises(ConfigError, match="train.amp_dtype='fp32' is not valid"):
         tiny_config(extra=["train.amp_dtype=fp32"])

@@ -73,7 +73,7 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
 
     # ---- resume ----------------------------------------------------------------------------------
     if ckpt is not None:
-        r.at = restore_training(ckpt, r.model, r.optimizer, r.scheduler, r.scaler if r.use_amp else None)
+        r.at = restore_training(ckpt, r.model, r.optimizer, r.scheduler, r.scaler if r.scaler.is_enabled() else None)
         r.objective.load_checkpoint_state(ckpt)
         log.info("resumed %s at epoch %d step %d", run_dir, r.at.epoch, r.at.step)
     dump_config(cfg, run_dir / "config.yaml")
@@ -124,8 +124,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
-    use_amp: bool  # autocast on CUDA (``train.amp_dtype``; fp16 with loss scaling)
-    cpu_bf16: bool  # bf16 autocast on the CPU (no loss scaling: bf16 has float32's exponent range)
+    autocast_dtype: torch.dtype | None  # the training step's autocast type (:func:`autocast_dtype`); None: float32
     backbone_params: list[torch.nn.Parameter]
     train_img: np.ndarray  # dataset image index of each training caption
     at: TrainingProgress = field(default_factory=TrainingProgress)
@@ -162,14 +161,24 @@ def set_up(cfg: Config, data: TrainingData, device: torch.device, run_dir: Path,
                                   max_caption_len=cfg.data.max_caption_len)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(oc.warmup_steps, total_steps, oc.schedule, oc.min_lr_ratio))
-    use_amp = device.type == "cuda" and tc.amp
-    cpu_bf16 = device.type == "cpu" and (tc.cpu_amp == "bf16" or (tc.cpu_amp == "auto" and cpu_bf16_fast()))
-    if cpu_bf16:
-        log.info("training under bf16 autocast on the CPU (train.cpu_amp=%s)", tc.cpu_amp)
+    dtype = autocast_dtype(device.type, tc)
+    if dtype is not None:
+        log.info("training under %s autocast on %s", dtype, device.type)
     return Run(cfg=cfg, data=data, run_dir=run_dir, device=device, model=model, objective=objective,
-               optimizer=optimizer, scheduler=scheduler,
-               scaler=torch.amp.GradScaler("cuda", enabled=use_amp and tc.amp_dtype == "fp16"),
-               use_amp=use_amp, cpu_bf16=cpu_bf16, backbone_params=backbone_params, train_img=train_img)
+               optimizer=optimizer, scheduler=scheduler,  # loss scaling for fp16 only (bf16 has fp32's range)
+               scaler=torch.amp.GradScaler("cuda", enabled=dtype == torch.float16 and device.type == "cuda"),
+               autocast_dtype=dtype, backbone_params=backbone_params, train_img=train_img)
+
+
+def autocast_dtype(device_type: str, tc) -> torch.dtype | None:
+    """The one place that decides the training step's autocast type: on CUDA ``train.amp`` with
+    ``train.amp_dtype`` (fp16 | bf16); on the CPU bf16 when ``train.cpu_amp`` asks for it (``auto``:
+    where the CPU has native bf16); else None (float32)."""
+    if device_type == "cuda":
+        return ({"fp16": torch.float16, "bf16": torch.bfloat16}[tc.amp_dtype]) if tc.amp else None
+    if device_type == "cpu" and (tc.cpu_amp == "bf16" or (tc.cpu_amp == "auto" and cpu_bf16_fast())):
+        return torch.bfloat16
+    return None
 
 
 def fit_to_training_data(model: DualEncoder, data: TrainingData, train_img: np.ndarray, cfg: Config,
@@ -288,9 +297,7 @@ def train_step(r: Run, idx: np.ndarray, gen: torch.Generator,
     and the gradient norm before clipping. Random choices draw from ``gen``."""
     model, device, data = r.model, r.device, r.data
     img_ids = torch.as_tensor(r.train_img[idx])
-    bf16 = r.cpu_bf16 or r.cfg.train.amp_dtype == "bf16"
-    with torch.autocast(device.type, dtype=torch.bfloat16 if bf16 else torch.float16,
-                        enabled=r.use_amp or r.cpu_bf16):
+    with torch.autocast(device.type, dtype=r.autocast_dtype or torch.bfloat16, enabled=r.autocast_dtype is not None):
         if images is not None:
             img_emb = model.image(next(images).to(device, non_blocking=True))
         else:
