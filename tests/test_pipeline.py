@@ -40,6 +40,22 @@ def test_demo_no_serve_prints_table_and_reuses(tmp_path, capsys, monkeypatch):
     assert {p: p.stat().st_mtime for p in root.rglob("*.pt")} == mtimes
 
 
+def test_demo_sentence_reports_this_run_and_claims_the_measurement_only_for_its_setting(capsys):
+    """The default scene demo's sentence: this run's difference, and the 3-seed number only when the batch
+    is the presets' 16 (a --set train.batch_size=… run is not what RESULTS measured)."""
+    from app.cli.demo import SMALL_BATCH_CLAIM, print_comparison
+
+    reps = {"bl": {"rsum": 200.0}, "ltd": {"rsum": 190.5}}
+    print_comparison(reps, {}, "none", "synthetic", 16)
+    out = capsys.readouterr().out
+    assert "LTD ends -9.5 rsum behind the baseline" in out and SMALL_BATCH_CLAIM in out
+    print_comparison(reps, {}, "none", "synthetic", 128)
+    out = capsys.readouterr().out
+    assert "batches of 128 captions" in out and SMALL_BATCH_CLAIM not in out and "is for batch 16" in out
+    print_comparison(reps, {}, "none", "karpathy", 128)
+    assert "In one sentence" not in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_demo_shortcuts_trains_with_them_and_tests_without_and_with(tmp_path, capsys, monkeypatch):
     """`ltd demo --shortcuts`: the SVL presets in their own folder, test without and with the shortcut."""
