@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from app.experiment_stats import paired_statistics, render_paired, seed_matched
+from app.experiment_stats import paired_statistics, plot_cells, render_paired, seed_matched
 from indexer import metrics
 from training.config import ConfigError, load_config
 
@@ -256,10 +256,11 @@ def run_grid(grid: Grid, out: Path, n_jobs: int = 1) -> dict:
                "sweep_runs": sweep_results, "runs": main_results, "summary": summary, "compare": grid.compare,
                "machine": machine_description(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
     results["paired"] = paired_statistics(results, [grid.eval_split])
-    from training.fsio import write_json_atomic
+    from training.fsio import atomic_write_text, write_json_atomic
     write_json_atomic(out / "results.json", results, indent=2, default=str)
-    (out / "results.md").write_text(render_results(results))
+    atomic_write_text(out / "results.md", render_results(results))
     plot_groups(results, out)
+    plot_cells(results, out / "plots" / "cells.png")
     return results
 
 

@@ -127,7 +127,7 @@ def test_experiment_grid_runs_and_resumes(tmp_path, capsys):
     assert s["n"] == 2 and s["values"] == [r["reports"]["test"]["rsum"] for r in res["runs"] if r["cell"] == "baseline"]
     md = (out / "results.md").read_text()
     assert "| baseline |" in md and "± " in md and "**" in md
-    assert list((out / "plots").rglob("curves.png"))
+    assert list((out / "plots").rglob("curves.png")) and (out / "plots" / "cells.png").stat().st_size > 10_000
     # resume: a second invocation trains nothing (checkpoints untouched) and reproduces the results
     mtimes = {p: p.stat().st_mtime for p in out.rglob("checkpoint.pt")}
     assert len(mtimes) == 2 * 2 + 1  # 2 sweep values × seed 0 (one reused by the main phase) + seed 1 for each cell
