@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from app.experiment_stats import paired_statistics, plot_cells, render_paired, seed_matched
+from app.experiment_stats import paired_statistics, render_paired, seed_matched
 from indexer import metrics
 from training.config import ConfigError, load_config
 
@@ -347,3 +347,33 @@ def plot_groups(results: dict, out: Path) -> list[Path]:
         dest = out / "plots" / name
         paths += plot_runs(runs, dest)
     return paths
+
+
+def plot_cells(results: dict, path: Path) -> Path | None:
+    """``plots/cells.png``: the reported split's rsum and t2i nDCG of every run, one column per cell, one
+    colour per seed with a line joining each seed's runs (the seed-matched comparison at a glance), the
+    cell's mean as a bar. None when no run has the metrics."""
+    from training.plots import plt, save_png
+
+    split, cells = results["eval_split"], list(results["summary"])
+    by = {(r["cell"], r["seed"]): r["reports"].get(split, {}) for r in results["runs"]}
+    seeds = sorted({s for _, s in by})
+    keys = [k for k in ("rsum", "t2i_nDCG@25_rougeL") if any(k in rep for rep in by.values())]
+    if not cells or not keys:
+        return None
+    fig, axes = plt.subplots(1, len(keys), figsize=(max(6.0, 1.3 * len(cells) * len(keys)), 4.2), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for i, s in enumerate(seeds):
+            pts = [(x, by[(c, s)][key]) for x, c in enumerate(cells) if key in by.get((c, s), {})]
+            if pts:
+                ax.plot(*zip(*pts), "o-", color=f"C{i}", alpha=0.6, lw=0.8, label=f"seed {s}")
+        for x, c in enumerate(cells):
+            vals = [by[(c, s)][key] for s in seeds if key in by.get((c, s), {})]
+            if vals:
+                ax.hlines(np.mean(vals), x - 0.3, x + 0.3, color="k", lw=2)
+        ax.set_xticks(range(len(cells)), cells, rotation=30, ha="right", fontsize=8)
+        ax.set_title(f"{split} {key} (bar: mean over seeds)", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    return save_png(fig, path)

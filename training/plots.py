@@ -137,16 +137,19 @@ def plot_runs(runs: list[Path], out: Path | None = None) -> list[Path]:
     """Write the curves (all panels) as a PNG, ``curves.png`` in ``out``. Without ``out``: in the run's
     folder for one run; for several (overlaid), ``curves_<run>_vs_<run>….png`` in the current folder,
     so a comparison never lands inside one of the runs it compares."""
-    from training.fsio import atomic_path
-
     name = "curves.png"
     if out is None and len(runs) > 1:
         out, name = Path("."), "curves_" + "_vs_".join(r.resolve().name for r in runs)[:150] + ".png"
     out = out or runs[0]
-    out.mkdir(parents=True, exist_ok=True)
-    fig = figure(runs)
-    path = out / name
+    return [save_png(figure(runs), out / name)]
+
+
+def save_png(fig, path: Path) -> Path:
+    """Write ``fig`` as a PNG, whole or not at all (atomic), and free it."""
+    from training.fsio import atomic_path
+
+    path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
-    return [path]
+    return path

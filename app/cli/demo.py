@@ -35,6 +35,7 @@ SVL_JUDGE_PRESETS = ("synthetic_baseline", "synthetic_ltd")
 SMALL_BATCH_CLAIM = "over 3 seeds of these presets LTD was ahead on every seed, +21.1 ± 4.9 rsum, RESULTS.md §4c"
 CAPTION_PRESETS = {"synthetic": ("caption_synthetic_xe", "caption_synthetic_sr_fl"),
                    "karpathy": ("caption_flickr8k_xe", "caption_flickr8k_sr_fl")}
+CAPTION_PRESETS["synthetic_svl"] = CAPTION_PRESETS["synthetic"]
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -156,7 +157,7 @@ def run_captioning(args: argparse.Namespace, kind: str, data_path: str, json_pat
     judges = {n: p.resolve() for n, p in judges.items()}
     cap_root = root / "captioners"
     base = [f"data.path={json_path}", *args.caption_set]
-    xe_preset, sr_preset = CAPTION_PRESETS["karpathy" if kind == "karpathy" else "synthetic"]
+    xe_preset, sr_preset = CAPTION_PRESETS[kind]
     print(f"[xe] training the captioner ({xe_preset}: cross-entropy, scheduled sampling)", flush=True)
     caps = {"xe": ensure_captioner(load_caption_config(xe_preset, base), cap_root / "xe", show_progress=progress)}
     for j, judge in judges.items():
