@@ -14,12 +14,12 @@ import torch
 from indexer.ann import build_vector_index
 from indexer.corpus import IMAGE_EXTS, check_corpus_inputs, image_files, read_captions_file
 from indexer.embed import embed_captions, embed_image_features, embed_image_files
-from indexer.index import (IndexDir, IndexDirError, Modality, append_to_index_dir, check_target,
+from indexer.index import (IndexDir, IndexDirError, Modality, append_to_index_dir, check_target, inside_roots,
                            open_for_append, relative_to_index, save_index_dir)
 from training.checkpoint import load_checkpoint, model_from_checkpoint, versions
 from training.fsio import sha256_file
 from training.losses.objective import describe_loss
-from training.data.karpathy import load_karpathy
+from training.data.karpathy import Split, image_folders, load_karpathy
 from training.data.shortcuts import apply_shortcuts
 from training.features import extract_features, lookup_features
 from training.regions import read_precomputed
@@ -84,6 +84,19 @@ def _dataset_image_features(lm: LoadedModel, ds, idx: list[int], transform, tran
     return store.mean_view(), dict(store.failed)
 
 
+def _confined_split(sp: Split) -> tuple[Split, list[Path], list[dict]]:
+    """The split without images whose file resolves outside the dataset's image folders (a symlink
+    to elsewhere: the server would refuse to show it), those folders, and the skipped entries."""
+    roots = image_folders(sp.images)
+    out = [k for k, im in enumerate(sp.images) if not inside_roots(im.path.resolve(), roots)]
+    if not out:
+        return sp, roots, []
+    log.warning("%d images resolve outside the dataset's image folders (symlinks?): skipped", len(out))
+    keep = [k for k in range(len(sp.images)) if k not in set(out)]
+    return (sp.keep_images(keep), roots,
+            [{"file": str(sp.images[k].path), "reason": "resolves outside the dataset's image folders"} for k in out])
+
+
 def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str, out: str | Path, *,
                         factory: str = "Flat", images_root: str | None = None, shortcuts: str = "none",
                         overwrite: bool = False, show_progress: bool = True, device: str = "cpu",
@@ -93,7 +106,7 @@ def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str,
     ds = load_karpathy(dataset, images_root=images_root, drop_missing=True)
     ds.split(split)  # an unknown split fails here, before the model loads
     lm = load_model(checkpoint, device, runtime)
-    sp = ds.split(split)
+    sp, roots, outside = _confined_split(ds.split(split))
     sc = apply_shortcuts(shortcuts, ds, seed=lm.cfg.train.seed, evaluation=True)
     idx = [im.index for im in sp.images]
     texts = [sc.caption(c) for c in sp.captions]
@@ -127,10 +140,11 @@ def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str,
         captions_meta["model_texts"] = texts
     if any(c.annid is not None for c in sp.captions):
         captions_meta["annids"] = [c.annid for c in sp.captions]
-    skipped = [{"file": str(sp.images[k].path), "reason": r} for k, r in sorted(failed.items())]
+    skipped = outside + [{"file": str(sp.images[k].path), "reason": r} for k, r in sorted(failed.items())]
     manifest = {"name": name or Path(out).name, **_checkpoint_fields(lm, out),
                 "model": lm.meta, "dataset": {"name": ds.name, "json": str(ds.json_path), "split": sp.name,
-                                              "images_root": str(ds.root)},
+                                              "images_root": str(ds.root.resolve())},
+                "image_roots": [str(r) for r in roots],
                 "ground_truth": True, "shortcuts": shortcuts, "factory": factory, "metric": "inner_product",
                 "dim": int(img_vecs.shape[1]), "normalized": True, "skipped": skipped, "versions": versions()}
     ix = save_index_dir(out, manifest, Modality(build_vector_index(img_vecs, factory), img_vecs, images_meta),
@@ -204,10 +218,15 @@ def _corpus_items(lm: LoadedModel, images_dir: str | Path | None, captions_file:
     left out, so an append that is run twice adds nothing the second time."""
     folder = Path(images_dir) if images_dir else None
     new = _new_images(folder, known_images) if folder else []
+    outside = [p for p, _ in new if not inside_roots(p.resolve(), [folder.resolve()])]
+    if outside:  # links to files elsewhere: the server would refuse to show them, so they are not indexed
+        log.warning("%d files under %s resolve outside it (symlinks): skipped", len(outside), folder)
+        new = [(p, d) for p, d in new if p not in set(outside)]
     texts = _new_texts(Path(captions_file), known_texts) if captions_file else []
     img_vecs, failed, txt_vecs = embed([p for p, _ in new], texts)
     ok = [(p, d) for k, (p, d) in enumerate(new) if k not in failed]
-    skipped = [{"file": str(new[k][0]), "reason": r, "sha256": new[k][1]} for k, r in sorted(failed.items())]
+    skipped = [{"file": str(p), "reason": "resolves outside the images folder"} for p in outside]
+    skipped += [{"file": str(new[k][0]), "reason": r, "sha256": new[k][1]} for k, r in sorted(failed.items())]
     images_meta = {"ids": list(range(start_image_id, start_image_id + len(ok))),
                    "filenames": [str(p.relative_to(folder)) for p, _ in ok],
                    "paths": [str(p.resolve()) for p, _ in ok], "captions": [[] for _ in ok], "sha256": [d for _, d in ok]}
@@ -232,6 +251,7 @@ def build_corpus_index(checkpoint: str | Path, out: str | Path, *, images_dir: s
     manifest = {"name": name or Path(out).name, **_checkpoint_fields(lm, out),
                 "model": lm.meta, "dataset": {"name": "corpus", "images_dir": str(images_dir or ""),
                                               "captions_file": str(captions_file or ""), "split": None},
+                "image_roots": [str(Path(images_dir).resolve())] if images_dir else [],
                 "ground_truth": False, "shortcuts": "none", "factory": factory, "metric": "inner_product",
                 "dim": int(lm.model.image.embed_dim), "normalized": True, "skipped": skipped, "versions": versions()}
     ix = save_index_dir(out, manifest, Modality(vindex(img_vecs), img_vecs, images_meta),
@@ -261,5 +281,6 @@ def append_corpus(index_dir: str | Path, checkpoint: str | Path, *, images_dir=N
         return ix
     sources = {"images_dir": str(images_dir or ""), "captions_file": str(captions_file or ""),
                "images": len(img_vecs), "captions": len(txt_vecs), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    roots = [str(r) for r in ix.image_roots] + ([str(Path(images_dir).resolve())] if images_dir else [])
     return append_to_index_dir(ix, (img_vecs, images_meta), (txt_vecs, captions_meta), skipped=skipped,
-                               sources=sources)
+                               sources=sources, image_roots=sorted(set(roots)))

@@ -14,7 +14,7 @@ import numpy as np
 
 from indexer.index import IndexDir, IndexDirError, read_manifest
 from indexer.metrics import _report, _summarise, retrieval_query_metrics
-from indexer.relevance import cxc_positives, file_relevance, rouge_relevance
+from indexer.relevance import coco_positives, file_relevance, rouge_relevance
 from training.fsio import atomic_path, atomic_write_text, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -43,10 +43,14 @@ def index_recall(ix: IndexDir, k: int = 10, n_queries: int = 1000) -> float:
 
 
 def evaluate_index(ix: IndexDir, *, relevance: str | None = "rougeL", cxc: bool = False, ndcg_k: int = 25,
-                   show_progress: bool = True, per_query: bool = False) -> dict:
+                   show_progress: bool = True, per_query: bool = False, eccv: bool = False) -> dict:
     """The report of an index; ``per_query`` adds the per-query arrays under ``report["per_query"]``
-    (ranks and nDCG, in query order; ``write_report`` moves them to ``per_query.gNNNN.npz``)."""
+    (ranks and nDCG, in query order; ``write_report`` moves them to ``per_query.gNNNN.npz``).
+    ``cxc`` / ``eccv``: COCO 5k test positives from CxC / ECCV Caption (ECCV: its queries only)."""
     t0 = time.time()
+    if cxc and eccv:
+        raise IndexDirError("choose one extra ground truth: CxC or ECCV Caption")
+    source = "cxc" if cxc else "eccv" if eccv else None
     c2i, mask = ground_truth(ix)
     sims = similarities(ix)[:, mask]
     c2i = c2i[mask]
@@ -58,16 +62,20 @@ def evaluate_index(ix: IndexDir, *, relevance: str | None = "rougeL", cxc: bool 
             rel = file_relevance(relevance, len(ix.captions.ids), len(ix.images.ids))
             rel_name = Path(relevance).stem.split(".")[0]
         rel = rel[mask]
-    i2t_extra = t2i_extra = None
-    if cxc:
-        i2t_all, t2i_all = cxc_positives(ix)
+    i2t_extra = t2i_extra = i2t_q = t2i_q = None
+    if source:
+        i2t_all, t2i_all, i2t_q, t2i_q = coco_positives(ix, source)
         keep = np.flatnonzero(mask)
         remap = -np.ones(len(mask), dtype=np.int64)
         remap[keep] = np.arange(len(keep))
         i2t_extra = [remap[e][remap[e] >= 0] for e in i2t_all]
         t2i_extra = [t2i_all[j] for j in keep]
+        t2i_q = None if t2i_q is None else t2i_q[keep]
     i2t, t2i = retrieval_query_metrics(sims, c2i, i2t_positives=i2t_extra, t2i_positives=t2i_extra, relevance=rel,
                                        ndcg_k=ndcg_k)
+    if i2t_q is not None:  # ECCV Caption: only the queries it re-annotated
+        i2t = {k: v[i2t_q] for k, v in i2t.items()}
+        t2i = {k: v[t2i_q] for k, v in t2i.items()}
     name = rel_name or "rougeL"
     m = _report(_summarise("i2t", i2t, ndcg_k, name), _summarise("t2i", t2i, ndcg_k, name), *sims.shape)
     report = {k: (round(float(v), 4) if isinstance(v, (float, np.floating)) else v) for k, v in m.items()}
@@ -76,7 +84,8 @@ def evaluate_index(ix: IndexDir, *, relevance: str | None = "rougeL", cxc: bool 
                       "model": mf.get("model", {}),
                       "checkpoint": mf.get("checkpoint"), "checkpoint_sha256": mf.get("checkpoint_sha256"),
                       "dataset": mf.get("dataset"), "shortcuts": mf.get("shortcuts", "none"),
-                      "factory": mf.get("factory"), "ground_truth": "cxc" if cxc else "original",
+                      "factory": mf.get("factory"), "ground_truth": source or "original",
+                      "queries": {"i2t": len(i2t["first_rank"]), "t2i": len(t2i["first_rank"])},
                       "relevance": rel_name, "ndcg_k": ndcg_k, "seconds": round(time.time() - t0, 2)}
     if mf.get("factory", "Flat") != "Flat":
         report["meta"]["index_recall@10"] = round(index_recall(ix), 4)
@@ -94,7 +103,9 @@ def render_markdown(report: dict) -> str:
     loss = model.get("loss") or {}
     lines = [f"# Evaluation: {meta['name']}", "",
              f"- dataset: {ds.get('name')} / {ds.get('split')} ({report['n_images']} images, "
-             f"{report['n_captions']} captions); ground truth: {meta['ground_truth']}; shortcuts: {meta['shortcuts']}",
+             f"{report['n_captions']} captions); ground truth: {meta['ground_truth']}"
+             + (f" ({meta['queries']['i2t']} image and {meta['queries']['t2i']} caption queries)"
+                if meta["ground_truth"] == "eccv" else "") + f"; shortcuts: {meta['shortcuts']}",
              f"- model: {model.get('train_name')} (contrastive {loss.get('contrastive')}, mode {loss.get('mode')}"
              + (f", η {loss.get('eta')}" if loss.get("eta") is not None else "")
              + (f", β {loss.get('beta')}" if loss.get("beta") is not None else "") + ")",

@@ -21,6 +21,7 @@ Loading checks every data file against the manifest (size and item counts always
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -78,9 +79,34 @@ class IndexDir:
     def generation(self) -> int:
         return int(self.manifest.get("generation", 0))
 
+    @functools.cached_property
+    def image_roots(self) -> tuple[Path, ...]:
+        """The only folders this index serves image files from: the dataset's image folders (or the
+        corpus folders) as resolved at build time, from the manifest's ``image_roots``. An index
+        written before they were recorded gets the folders of its own (resolved) image paths."""
+        roots = self.manifest.get("image_roots")
+        if roots is None:
+            roots = {os.path.dirname(p) for p in self.images.meta.get("paths", []) if p}
+        return tuple(sorted(Path(r).resolve() for r in roots))
+
+    def image_file(self, pos: int) -> Path:
+        """The image file of row ``pos``, resolved (symlinks followed), and only when it lies inside
+        :attr:`image_roots`: a link swapped in after the build, or a path list that names files
+        elsewhere, is refused rather than served."""
+        path = Path(self.images.meta["paths"][pos]).resolve()
+        if not inside_roots(path, self.image_roots):
+            raise IndexDirError(f"{self.path}: image {self.images.ids[pos]} resolves to a file outside the index's "
+                                "image folders; it is not served")
+        return path
+
     def derived_path(self, stem: str, ext: str = "npy") -> Path:
         """Where a file derived from this generation's data lives (``relevance_rougeL``, ``per_query``)."""
         return self.path / f"{stem}.g{self.generation:04d}.{ext}"
+
+
+def inside_roots(path: Path, roots: tuple[Path, ...] | list[Path]) -> bool:
+    """Whether the resolved ``path`` lies in one of the resolved folders ``roots``."""
+    return any(path.is_relative_to(r) for r in roots)
 
 
 # ---- manifest -------------------------------------------------------------------------------------
@@ -191,8 +217,9 @@ def save_index_dir(path: str | Path, manifest: dict, images: Modality, captions:
 
 def append_to_index_dir(ix: IndexDir, images: tuple[np.ndarray, dict] | None,
                         captions: tuple[np.ndarray, dict] | None, *, skipped: list[dict] | None = None,
-                        sources: dict | None = None) -> IndexDir:
-    """Add (vectors, metadata lists) to an index directory as its next generation; ids continue."""
+                        sources: dict | None = None, image_roots: list[str] | None = None) -> IndexDir:
+    """Add (vectors, metadata lists) to an index directory as its next generation; ids continue.
+    ``image_roots``: the folders its images may be served from, now (the old ones and the new)."""
     mods = {"images": ix.images, "captions": ix.captions}
     for name, new in (("images", images), ("captions", captions)):
         if new is None or len(new[0]) == 0:
@@ -220,7 +247,8 @@ def append_to_index_dir(ix: IndexDir, images: tuple[np.ndarray, dict] | None,
     collect_garbage(path, current)
     manifest = {**ix.manifest, "generation": ix.generation + 1, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "skipped": ix.manifest.get("skipped", []) + (skipped or []),
-                "appends": ix.manifest.get("appends", []) + ([sources] if sources else [])}
+                "appends": ix.manifest.get("appends", []) + ([sources] if sources else []),
+                **({"image_roots": image_roots} if image_roots is not None else {})}
     return _commit(path, manifest, mods)
 
 

@@ -1,4 +1,4 @@
-"""Extra ground truth for evaluation: ROUGE-L / file relevance matrices and CxC positives."""
+"""Extra ground truth for evaluation: ROUGE-L / file relevance matrices, CxC and ECCV Caption positives."""
 from __future__ import annotations
 
 import json
@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from indexer.index import IndexDir, IndexDirError
+from training.data.coco import eccv_data_dir
+from training.data.karpathy import DatasetError
 from training.fsio import save_npy_atomic
 
 log = logging.getLogger(__name__)
@@ -53,38 +55,45 @@ def file_relevance(path: str | Path, n_captions: int, n_images: int) -> np.ndarr
     return np.asarray(rel, dtype=np.float32)
 
 
-def eccv_data_dir() -> Path:
-    """The id maps shipped by ``eccv-caption`` (found without importing it: its import warns about ujson)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("eccv_caption")
-    if spec is None or not spec.submodule_search_locations:
-        raise IndexDirError("CxC needs the eccv-caption package (pip install eccv-caption)")
-    return Path(list(spec.submodule_search_locations)[0]) / "data"
+# Extra ground truth on the COCO 5k test split, from the id maps that eccv-caption ships. CxC adds
+# positives and keeps every query; ECCV Caption re-annotates a subset of the queries (1,261 images,
+# 1,332 captions), so its metrics are computed on those queries only, as the package does.
+COCO_GROUND_TRUTH = {"cxc": (False, "Crisscrossed Captions"), "eccv": (True, "ECCV Caption")}
 
 
-def cxc_positives(ix: IndexDir) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Extra positives from Crisscrossed Captions (CxC) for the COCO 5k test split, from the
-    ``eccv-caption`` package's id maps. Needs COCO image ids (``cocoid``) and caption annotation ids
-    (``annid``) in the index — a Karpathy COCO JSON has the former; ``ltd data convert-coco`` writes both.
-    Returns (i2t extra caption positions per image, t2i extra image positions per caption)."""
+def coco_positives(ix: IndexDir, source: str) -> tuple[list[np.ndarray], list[np.ndarray],
+                                                        np.ndarray | None, np.ndarray | None]:
+    """Extra positives of ``source`` ("cxc" or "eccv") for an index of the COCO 5k test split.
+    Needs COCO image ids (``cocoid``) and caption annotation ids (``annid``) in the index — a Karpathy
+    COCO JSON has the former; ``ltd data convert-coco`` writes both. Returns (i2t extra caption
+    positions per image, t2i extra image positions per caption, image query mask, caption query mask);
+    the masks are None when every query counts."""
+    if source not in COCO_GROUND_TRUTH:
+        raise IndexDirError(f"unknown ground truth {source!r}; one of {', '.join(COCO_GROUND_TRUTH)}")
+    subset, label = COCO_GROUND_TRUTH[source]
     cocoids = ix.images.meta.get("cocoids")
     annids = ix.captions.meta.get("annids")
     if not cocoids or not annids or None in cocoids or None in annids:
         raise IndexDirError(
-            "CxC needs COCO image ids and caption annotation ids in the index; build it from a JSON made by "
-            "`ltd data convert-coco` (which keeps them) for the COCO 5k test images")
-    data = eccv_data_dir()
-    i2t = json.loads((data / "cxc_image_to_caption.json").read_text())
-    t2i = json.loads((data / "cxc_caption_to_image.json").read_text())
+            f"{label} needs COCO image ids and caption annotation ids in the index; build it from a JSON made by "
+            "`ltd data convert-coco --karpathy-test` (which keeps them), on its test split")
+    try:
+        data = eccv_data_dir()
+    except DatasetError as e:
+        raise IndexDirError(str(e)) from None
+    i2t = json.loads((data / f"{source}_image_to_caption.json").read_text())
+    t2i = json.loads((data / f"{source}_caption_to_image.json").read_text())
     img_pos = {int(c): k for k, c in enumerate(cocoids)}
     cap_pos = {int(a): k for k, a in enumerate(annids)}
     covered = sum(1 for c in cocoids if str(c) in i2t)
     if covered == 0:
-        raise IndexDirError("none of the index's images are in the CxC COCO 5k test split")
-    log.info("CxC: %d of %d images have CxC annotations", covered, len(cocoids))
+        raise IndexDirError(f"none of the index's images have {label} annotations (they cover the COCO 5k test split)")
+    log.info("%s: %d of %d images have annotations", label, covered, len(cocoids))
     i2t_extra = [np.array(sorted(cap_pos[int(a)] for a in i2t.get(str(c), []) if int(a) in cap_pos), dtype=np.int64)
                  for c in cocoids]
     t2i_extra = [np.array(sorted(img_pos[int(c)] for c in t2i.get(str(a), []) if int(c) in img_pos), dtype=np.int64)
                  for a in annids]
-    return i2t_extra, t2i_extra
+    if not subset:
+        return i2t_extra, t2i_extra, None, None
+    return (i2t_extra, t2i_extra, np.array([str(c) in i2t for c in cocoids]),
+            np.array([str(a) in t2i for a in annids]))

@@ -16,6 +16,7 @@ import torch
 from search import analysis
 from search.captioning import CaptionerRegistry, CorpusCider, image_rank
 from search.encoding import QueryEncoder, clean_query
+from indexer.vector_index import IndexDirError
 from search.errors import BadRequest, NotFound
 from search.media import Thumbnails, UploadDecoder
 from search.ranking import CompareResult, Query, SearchResult, compare_results, rank
@@ -310,7 +311,11 @@ class SearchService:
         for e in entries:
             pos = e.image_pos.get(int(image_id))
             if pos is not None:
-                path = Path(e.index.images.meta["paths"][pos])
+                try:  # resolved, and only inside the index's image folders (IndexDir.image_roots)
+                    path = e.index.image_file(pos)
+                except IndexDirError:
+                    raise NotFound(f"image {image_id} is not served: its file lies outside the index's image "
+                                   "folders") from None
                 if not path.is_file():
                     raise NotFound(f"image {image_id} is in the index, but its file is missing on the server")
                 return path

@@ -9,7 +9,8 @@ import pytest
 from PIL import Image
 
 from conftest import flickr8k_json, requires_flickr8k, write_karpathy
-from training.data.convert import convert_coco, convert_flickr
+from training.data.coco import CocoPair, convert_coco
+from training.data.convert import convert_flickr
 from training.data.images import ImageError, Preprocess, load_image
 from training.data.karpathy import DatasetError, dataset_info, load_karpathy, tokenize
 from training.data.vocab import Vocab, pad_batch
@@ -86,8 +87,8 @@ def test_convert_coco_roundtrip(tmp_path):
     cf = tmp_path / "captions_val2014.json"
     cf.write_text(json.dumps(ann))
     out = tmp_path / "out" / "dataset_coco.json"
-    res = convert_coco([cf], img_root, "test", out)
-    assert res == {"images": 2, "captions": 3, "out": str(out)}
+    res = convert_coco([CocoPair(cf, img_root, "test")], out)
+    assert res == {"images": 2, "captions": 3, "splits": {"test": 2}, "images_root": "../coco/val2014", "out": str(out)}
     ds = load_karpathy(out)
     assert [im.cocoid for im in ds.images] == [10, 20]
     assert [c.annid for c in ds.captions] == [3, 5, 9]  # sorted by annotation id
@@ -97,11 +98,11 @@ def test_convert_coco_roundtrip(tmp_path):
     Image.new("RGB", (32, 32)).save(img_root / "t.jpg")
     cf2.write_text(json.dumps({"images": [{"id": 99, "file_name": "t.jpg"}],
                                "annotations": [{"id": 1, "image_id": 99, "caption": "x"}]}))
-    convert_coco([cf2], img_root, "restval", out, append=True)
+    convert_coco([CocoPair(cf2, img_root, "restval")], out, append=True)
     assert load_karpathy(out).split_counts() == {"test": 2, "train": 1}
     before = out.read_text()
     with pytest.raises(DatasetError, match="already in"):
-        convert_coco([cf2], img_root, "train", out, append=True)
+        convert_coco([CocoPair(cf2, img_root, "train")], out, append=True)
     assert out.read_text() == before
 
 
@@ -110,12 +111,12 @@ def test_convert_coco_errors(tmp_path):
     cf.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg"}],
                               "annotations": [{"id": 1, "image_id": 2, "caption": "x"}]}))
     with pytest.raises(DatasetError, match="unknown images"):
-        convert_coco([cf], tmp_path, "train", tmp_path / "o.json")
+        convert_coco([CocoPair(cf, tmp_path, "train")], tmp_path / "o.json")
     cf.write_text(json.dumps({"annotations": []}))
     with pytest.raises(DatasetError, match="missing 'images'"):
-        convert_coco([cf], tmp_path, "train", tmp_path / "o.json")
+        convert_coco([CocoPair(cf, tmp_path, "train")], tmp_path / "o.json")
     with pytest.raises(DatasetError, match="split must be one of"):
-        convert_coco([cf], tmp_path, "holdout", tmp_path / "o.json")
+        convert_coco([CocoPair(cf, tmp_path, "holdout")], tmp_path / "o.json")
     assert not (tmp_path / "o.json").exists()
 
 

@@ -133,7 +133,8 @@ def test_corpus_index_skips_corrupt_images_and_appends(tiny_index_pair, tmp_path
 
 def test_cxc_positives_from_package(tmp_path):
     """CxC extra positives come from the eccv-caption package's id maps."""
-    from indexer.relevance import cxc_positives, eccv_data_dir
+    from indexer.relevance import coco_positives
+    from training.data.coco import eccv_data_dir
 
     data = eccv_data_dir()
     i2t = json.loads((data / "cxc_image_to_caption.json").read_text())
@@ -150,7 +151,8 @@ def test_cxc_positives_from_package(tmp_path):
             Modality(VectorIndex.build(cap), cap, {"ids": annids, "texts": [""] * len(annids), "image": c2i,
                                                     "annids": annids}))
     ix = save_index_dir(tmp_path / "cxc", {"name": "cxc", "factory": "Flat", "ground_truth": True}, *mods)
-    i2t_extra, t2i_extra = cxc_positives(ix)
+    i2t_extra, t2i_extra, i2t_q, t2i_q = coco_positives(ix, "cxc")
+    assert i2t_q is None and t2i_q is None  # CxC keeps every query
     pos = {a: j for j, a in enumerate(annids)}
     for k, c in enumerate(cocoids):
         expected = sorted(pos[int(a)] for a in i2t.get(str(c), []) if int(a) in pos)
@@ -162,7 +164,7 @@ def test_cxc_positives_from_package(tmp_path):
     # without COCO ids, CxC is refused with a clear message
     ix.images.meta.pop("cocoids")
     with pytest.raises(IndexDirError, match="COCO image ids"):
-        cxc_positives(ix)
+        coco_positives(ix, "cxc")
 
 
 @pytest.mark.slow

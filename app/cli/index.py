@@ -43,6 +43,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     q.add_argument("--relevance", default="rougeL",
                    help="nDCG relevance: rougeL (computed and cached), a TERN-format float32 file, or none")
     q.add_argument("--cxc", action="store_true", help="extra positives from CxC (COCO 5k test)")
+    q.add_argument("--eccv", action="store_true",
+                   help="positives from ECCV Caption (COCO 5k test; its 1,261 image and 1,332 caption queries only)")
     q.add_argument("--ndcg-k", type=int, default=25)
     q.add_argument("--no-progress", action="store_true")
     q.set_defaults(func=cmd_eval)
@@ -131,7 +133,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     ix = load_index_dir(args.index)
     rel = None if args.relevance.lower() == "none" else args.relevance
-    report = evaluate_index(ix, relevance=rel, cxc=args.cxc, ndcg_k=args.ndcg_k, show_progress=not args.no_progress)
+    report = evaluate_index(ix, relevance=rel, cxc=args.cxc, eccv=args.eccv, ndcg_k=args.ndcg_k, show_progress=not args.no_progress)
     jp, mp = write_report(ix, report)
     print(render_markdown(report))
     print(f"wrote {jp} and {mp}")

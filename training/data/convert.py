@@ -1,7 +1,9 @@
-"""Converters from the original COCO / Flickr caption files into the Karpathy split JSON.
+"""Converters from the original caption files into the Karpathy split JSON: Flickr8k/30k here, COCO
+in ``training/data/coco.py``, both through :func:`merge_images`.
 
 For users who have the official files but not Karpathy's JSON. The output carries an
-``images_root`` key (relative to the JSON's folder when possible) so the reader finds the images.
+``images_root`` key (relative to the JSON's folder when possible) so the reader finds the images,
+and a per-image ``filepath`` when the images live in several folders under it.
 """
 from __future__ import annotations
 
@@ -13,121 +15,95 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from training.data.karpathy import SPLIT_ALIASES, DatasetError, tokenize
+from training.data.karpathy import SPLIT_ALIASES, DatasetError, resolve_images_root, tokenize
 from training.fsio import write_json_atomic
 
 log = logging.getLogger(__name__)
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
+    """A JSON file, or a one-line DatasetError naming it (missing, truncated, not UTF-8)."""
     if not path.is_file():
         raise DatasetError(f"file not found: {path}")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise DatasetError(f"{path} is not valid JSON: {e}") from None
+        raise DatasetError(f"{path} is not valid JSON (truncated download?): {e}") from None
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path} is not UTF-8 text: {e}") from None
 
 
-def _relative_root(images_root: Path, out: Path) -> str:
+def _relative(target: str, base: Path) -> str:
     try:
-        return os.path.relpath(images_root.resolve(), out.parent.resolve())
+        return os.path.relpath(target, os.path.abspath(base))
     except ValueError:  # different drives
-        return str(images_root.resolve())
+        return target
 
 
-def _merge(out: Path, new_images: list[dict], dataset: str, images_root: str, append: bool) -> dict:
-    if append and out.exists():
-        old = _read_json(out)
-        if old.get("images_root") not in (None, images_root):
-            raise DatasetError(
-                f"{out} uses images_root {old.get('images_root')!r}; cannot append images under {images_root!r}"
-            )
-        images = old["images"]
-    else:
-        images = []
-    known = {(im.get("filepath", ""), im["filename"]) for im in images}
-    dup = [im["filename"] for im in new_images if (im.get("filepath", ""), im["filename"]) in known]
+def _previous(out: Path, append: bool, provenance: dict | None) -> tuple[list[dict], dict | None]:
+    """The images already in ``out`` (with their absolute ``_path``) and the merged provenance."""
+    if not (append and out.exists()):
+        return [], provenance
+    old = read_json(out)
+    if not isinstance(old.get("images"), list):
+        raise DatasetError(f"{out}: expected a Karpathy JSON with an 'images' list to append to")
+    root = os.path.abspath(resolve_images_root(out, old, None))
+    for im in old["images"]:
+        im["_path"] = os.path.join(root, im.get("filepath") or "", im["filename"])
+    before = old.get("split_provenance")
+    if before is None or provenance is None:
+        return old["images"], before or provenance
+    if before.get("method") != "per_file" or provenance.get("method") != "per_file":
+        raise DatasetError(f"the splits of {out} were assigned by {before.get('method')}; appending files would "
+                           "mix that assignment with others: convert every file in one command instead")
+    return old["images"], {"method": "per_file", "files": {**before["files"], **provenance["files"]}}
+
+
+def merge_images(out: Path, new_images: list[dict], dataset: str, append: bool, *,
+                 provenance: dict | None = None, key: str | None = None) -> dict:
+    """The dataset JSON for ``new_images`` (each with its absolute ``_path``), after those already in
+    ``out`` when appending. ``images_root`` becomes the common parent of every image's folder
+    (relative to ``out``'s folder) and each image's ``filepath`` its folder below that root, so images
+    from several folders (COCO's train2014/ and val2014/) form one dataset. ``key``: an id that must
+    also be unique (``cocoid``). New images continue the ids (imgid, sentid) of those already there."""
+    images, provenance = _previous(out, append, provenance)
+    known = {im["_path"] for im in images}
+    dup = [im["_path"] for im in new_images if im["_path"] in known]
     if dup:
         raise DatasetError(f"{len(dup)} images are already in {out} (first: {dup[0]}); nothing written")
+    if key:
+        known_keys = {im.get(key) for im in images} - {None}
+        clash = [im[key] for im in new_images if im.get(key) in known_keys]
+        if clash:
+            raise DatasetError(f"{len(clash)} images with a {key} already in {out} (first: {clash[0]}); nothing written")
     next_img = max((im["imgid"] for im in images), default=-1) + 1
-    next_sent = max((s["sentid"] for im in images for s in im["sentences"]), default=-1) + 1
-    for im in new_images:
-        im["imgid"] = next_img
-        im["sentids"] = []
+    sent = max((s["sentid"] for im in images for s in im["sentences"]), default=-1) + 1
+    for k, im in enumerate(new_images, start=next_img):  # ids already given stay as they were
+        im["imgid"], im["sentids"] = k, []
         for s in im["sentences"]:
-            s["imgid"], s["sentid"] = next_img, next_sent
-            im["sentids"].append(next_sent)
-            next_sent += 1
-        next_img += 1
-    return {"dataset": dataset, "images_root": images_root, "images": images + new_images}
+            s["imgid"], s["sentid"] = k, sent
+            im["sentids"].append(sent)
+            sent += 1
+    images = images + new_images
+    folders = {os.path.dirname(os.path.abspath(im["_path"])) for im in images}
+    try:
+        root = os.path.commonpath(sorted(folders))
+    except ValueError:
+        raise DatasetError(f"the image folders {sorted(folders)[:3]} share no common root (different drives)") from None
+    for im in images:
+        folder = os.path.relpath(os.path.dirname(os.path.abspath(im.pop("_path"))), root)
+        im["filepath"] = "" if folder == "." else folder.replace(os.sep, "/")
+    merged = {"dataset": dataset, "images_root": _relative(root, out.parent), "images": images}
+    if provenance:
+        merged["split_provenance"] = provenance
+    return merged
 
 
-def _check_split(split: str) -> str:
+def check_split(split: str) -> str:
     split = SPLIT_ALIASES.get(split, split)
     if split not in ("train", "val", "test"):
         raise DatasetError(f"split must be one of train, val, test (or restval/dev), got {split!r}")
     return split
-
-
-def convert_coco(
-    captions_files: list[str | Path],
-    images_root: str | Path,
-    split: str,
-    out: str | Path,
-    *,
-    append: bool = False,
-    dataset: str = "coco",
-) -> dict:
-    """Official COCO caption annotations (``images[].id/file_name``, ``annotations[].image_id/id/caption``)
-    → Karpathy JSON. COCO annotation ids are kept as ``annid`` and image ids as ``cocoid`` so CxC
-    ground truth can be joined. Returns counts."""
-    split, out, images_root = _check_split(split), Path(out), Path(images_root)
-    new_images: list[dict] = []
-    orphans = 0
-    for cf in map(Path, captions_files):
-        data = _read_json(cf)
-        for key in ("images", "annotations"):
-            if not isinstance(data.get(key), list):
-                raise DatasetError(f"{cf}: missing {key!r} list (is this a COCO captions_*.json file?)")
-        by_image: dict[int, list[dict]] = defaultdict(list)
-        ids = set()
-        for i, im in enumerate(data["images"]):
-            if "id" not in im or "file_name" not in im:
-                raise DatasetError(f"{cf}: images[{i}] needs 'id' and 'file_name'")
-            ids.add(im["id"])
-        for j, a in enumerate(data["annotations"]):
-            if "image_id" not in a or "caption" not in a:
-                raise DatasetError(f"{cf}: annotations[{j}] needs 'image_id' and 'caption'")
-            if a["image_id"] not in ids:
-                orphans += 1
-                continue
-            by_image[a["image_id"]].append(a)
-        for im in data["images"]:
-            anns = sorted(by_image.get(im["id"], []), key=lambda a: a.get("id", 0))
-            if not anns:
-                continue
-            fp = str(Path(im["file_name"]).parent) if "/" in im["file_name"] else ""
-            new_images.append({
-                "filepath": "" if fp == "." else fp,
-                "filename": Path(im["file_name"]).name,
-                "cocoid": int(im["id"]),
-                "split": split,
-                "sentences": [
-                    {"raw": a["caption"].strip(), "tokens": tokenize(a["caption"]),
-                     **({"annid": int(a["id"])} if "id" in a else {})}
-                    for a in anns
-                ],
-            })
-    if orphans:
-        raise DatasetError(
-            f"{orphans} captions refer to image ids that are not in the files' 'images' lists "
-            "(captions for unknown images); pass the matching captions file for each image set"
-        )
-    if not new_images:
-        raise DatasetError("no captioned images found in the given files")
-    merged = _merge(out, new_images, dataset, _relative_root(images_root, out), append)
-    write_json_atomic(out, merged)
-    return {"images": len(new_images), "captions": sum(len(i["sentences"]) for i in new_images), "out": str(out)}
 
 
 _TOKEN_LINE = re.compile(r"^(?P<file>[^#\t]+)#(?P<n>\d+)\t(?P<cap>.*)$")
@@ -175,7 +151,7 @@ def convert_flickr(
     caps = _read_flickr_tokens(Path(tokens_file))
     assign: dict[str, str] = {}
     for split, sf in (split_files or {}).items():
-        split, sf = _check_split(split), Path(sf)
+        split, sf = check_split(split), Path(sf)
         if not sf.is_file():
             raise DatasetError(f"split list not found: {sf}")
         for name in sf.read_text().split():
@@ -186,18 +162,18 @@ def convert_flickr(
     if unknown:
         raise DatasetError(f"{len(unknown)} images in the split lists have no captions (first: {unknown[0]})")
     if default_split is not None:
-        default_split = _check_split(default_split)
+        default_split = check_split(default_split)
     images, unassigned = [], 0
     for fname in sorted(caps):
         split = assign.get(fname, default_split)
         if split is None:
             unassigned += 1
             continue
-        images.append({"filename": fname, "split": split,
+        images.append({"_path": str(images_root / fname), "filename": Path(fname).name, "split": split,
                        "sentences": [{"raw": c, "tokens": tokenize(c)} for c in caps[fname]]})
     if not images:
         raise DatasetError("no images were assigned to a split (give --split-file or --default-split)")
-    merged = _merge(out, images, dataset, _relative_root(images_root, out), append=False)
+    merged = merge_images(out, images, dataset, append=False)
     write_json_atomic(out, merged)
     counts = defaultdict(int)
     for im in images:

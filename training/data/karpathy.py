@@ -6,7 +6,10 @@ ground truth (CxC, relevance matrices) can be joined on them.
 
 Image paths resolve as ``root/filepath/filename``. The root is, in order: the ``images_root``
 argument; an ``"images_root"`` key in the JSON (relative to the JSON's folder); ``JSON_DIR/images``
-when that folder exists and the JSON has no ``filepath`` entries; else the JSON's folder.
+when that folder exists and the JSON has no ``filepath`` entries; else the JSON's folder. Per-image
+``filepath`` lets one dataset span several folders under its root (COCO's ``train2014/`` and
+``val2014/``); ``filepath`` and ``filename`` must stay inside the root (relative, no ``..``), because
+the folders they name are the only ones an index built from the dataset may serve files from.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import logging
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
@@ -25,6 +28,7 @@ SPLITS = ("train", "val", "test")
 # Karpathy's COCO JSON has a "restval" split: the part of val2014 that is not val/test. It is train.
 SPLIT_ALIASES = {"restval": "train", "dev": "val", "validation": "val"}
 _TOKEN_RE = re.compile(r"[a-z0-9]+")
+_DRIVE = re.compile(r"^[A-Za-z]:")
 
 
 class DatasetError(ValueError):
@@ -115,7 +119,7 @@ class Dataset:
         return {im.id: im for im in self.images}
 
 
-def _resolve_root(json_path: Path, data: dict, images_root: str | Path | None) -> Path:
+def resolve_images_root(json_path: Path, data: dict, images_root: str | Path | None) -> Path:
     if images_root is not None:
         return Path(images_root)
     if data.get("images_root"):
@@ -124,6 +128,23 @@ def _resolve_root(json_path: Path, data: dict, images_root: str | Path | None) -
     if not has_filepath and (json_path.parent / "images").is_dir():
         return json_path.parent / "images"
     return json_path.parent
+
+
+def _inside_root(filepath: str, filename: str, where: str) -> None:
+    """Refuse a record that names a file outside the dataset's root: an absolute path or a ``..`` part
+    would let a hostile JSON have any readable file indexed and then served."""
+    for key, value in (("filepath", filepath), ("filename", filename)):
+        parts = PurePosixPath(value.replace("\\", "/")).parts
+        if value.startswith(("/", "\\")) or ".." in parts or _DRIVE.match(value):
+            raise DatasetError(f"{where}: {key} {value!r} must stay inside the images root (relative, without '..')")
+    if not filename.strip("./\\"):
+        raise DatasetError(f"{where}: filename {filename!r} is not a file name")
+
+
+def image_folders(images: list[ImageRecord]) -> list[Path]:
+    """The resolved folders (root/filepath) that hold these images: the only places an index built
+    from them serves files from."""
+    return sorted({p.resolve() for p in {im.path.parent for im in images}})
 
 
 def _require(obj: dict, key: str, where: str) -> object:
@@ -181,7 +202,9 @@ def parse_karpathy(
         if img_id in seen_ids:
             raise DatasetError(f"{where}: duplicate imgid {img_id}")
         seen_ids.add(img_id)
-        path = root / im.get("filepath", "") / filename
+        filepath = str(im.get("filepath") or "")
+        _inside_root(filepath, filename, where)
+        path = root / filepath / filename
         if check_files and not path.is_file():
             missing.append(str(path))
             if drop_missing:
@@ -251,7 +274,7 @@ def load_karpathy(
         raise DatasetError(f"{json_path} is not UTF-8 text: {e}") from None
     if not isinstance(data, dict) or "images" not in data:
         raise DatasetError(f"{json_path}: expected a JSON object with an 'images' list (Karpathy format)")
-    root = _resolve_root(json_path, data, images_root)
+    root = resolve_images_root(json_path, data, images_root)
     return parse_karpathy(
         data, json_path=json_path, root=root, check_files=check_files, drop_missing=drop_missing
     )
@@ -277,6 +300,9 @@ def dataset_info(ds: Dataset) -> dict:
         }
     out["images"] = len(ds.images)
     out["captions"] = len(ds.captions)
+    out["image_folders"] = [str(p) for p in image_folders(ds.images)]
+    # Where the splits came from (``ltd data convert-coco`` records it; other files: as given in the file)
+    out["split_provenance"] = ds.meta.get("split_provenance") or {"method": "as given in the file"}
     out["missing_files"] = len(ds.missing)
     out["missing_examples"] = ds.missing[:5]
     return out
