@@ -120,3 +120,32 @@ def test_server_serves_images_from_both_folders_and_nothing_else(coco_index, tmp
         fresh = load_index_dir(ix.path)
         fresh.images.meta["paths"][0] = str(secret)
         fresh.image_file(0)
+
+
+def test_demo_recognises_a_coco_json(tmp_path):
+    from app.cli.demo import PRESETS, dataset_kind
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "mine.json").write_text('{"dataset": "coco", "images_root": "x", "images": []}')
+    (tmp_path / "a" / "f8k.json").write_text('{"dataset": "flickr8k", "images": []}')
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "dataset_coco.json").write_text('{"images": [], "dataset": "coco"}')  # Karpathy's: key at the end
+    assert dataset_kind(tmp_path / "a" / "mine.json") == "coco" and dataset_kind(tmp_path / "b") == "coco"
+    assert dataset_kind(tmp_path / "a" / "f8k.json") == "karpathy"
+    assert PRESETS["coco"] == ("coco_fne_sbert_baseline", "coco_fne_sbert_ltd")
+
+
+@pytest.mark.slow
+def test_demo_on_a_converted_coco_json(coco_index, tmp_path, capsys):
+    """`ltd demo --dataset coco.json` trains the COCO presets, indexes the 5k-style test split, compares."""
+    from app.cli import main
+    from conftest import TINY
+
+    root = coco_index[0]
+    sets = [a for s in TINY + ["train.epochs=1"] for a in ("--set", s)]
+    assert main(["demo", "--dataset", str(root / "coco.json"), "--out", str(tmp_path), "--no-serve", "--no-progress",
+                 *sets]) == 0
+    out = capsys.readouterr().out
+    assert "baseline coco_fne_sbert_baseline, LTD coco_fne_sbert_ltd" in out and "| rsum |" in out
+    report = json.loads((tmp_path / "coco" / "indexes" / "ltd" / "report.json").read_text())
+    assert report["n_images"] == 5 and report["n_captions"] == 25

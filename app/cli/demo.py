@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import time
 from pathlib import Path
 
@@ -28,7 +29,8 @@ log = logging.getLogger("ltd.demo")
 # kind -> (baseline preset, LTD preset); "synthetic_svl" is the scenes with --shortcuts
 PRESETS = {"synthetic": ("synthetic_small_batch_baseline", "synthetic_small_batch_ltd"),
            "synthetic_svl": ("synthetic_svl_baseline", "synthetic_svl_ltd"),
-           "karpathy": ("flickr8k_fne_sbert_baseline", "flickr8k_fne_sbert_ltd")}
+           "karpathy": ("flickr8k_fne_sbert_baseline", "flickr8k_fne_sbert_ltd"),
+           "coco": ("coco_fne_sbert_baseline", "coco_fne_sbert_ltd")}
 # --captioning with --shortcuts: judges trained without shortcuts (a shortcut model cannot judge a caption)
 SVL_JUDGE_PRESETS = ("synthetic_baseline", "synthetic_ltd")
 # What 3 seeds of the default scene presets measured (RESULTS.md §4c); printed beside the run's own numbers
@@ -36,6 +38,7 @@ SMALL_BATCH_CLAIM = "over 3 seeds of these presets LTD was ahead on every seed, 
 CAPTION_PRESETS = {"synthetic": ("caption_synthetic_xe", "caption_synthetic_sr_fl"),
                    "karpathy": ("caption_flickr8k_xe", "caption_flickr8k_sr_fl")}
 CAPTION_PRESETS["synthetic_svl"] = CAPTION_PRESETS["synthetic"]
+CAPTION_PRESETS["coco"] = CAPTION_PRESETS["karpathy"]
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -61,6 +64,19 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.set_defaults(func=cmd_demo)
 
 
+def dataset_kind(path: Path) -> str:
+    """"coco" for a COCO JSON (named *coco*, or whose first bytes say ``"dataset": "coco"``, as
+    `ltd data convert-coco` writes), so the demo trains the COCO presets; else "karpathy"."""
+    p = path if path.is_file() else next(iter(sorted(path.glob("dataset_*.json"))), None)
+    if p is None or not p.is_file():
+        return "karpathy"
+    if "coco" in p.stem.lower():
+        return "coco"
+    with p.open("rb") as f:
+        head = f.read(4096)
+    return "coco" if re.search(rb'"dataset"\s*:\s*"coco"', head) else "karpathy"
+
+
 def choose_dataset(args: argparse.Namespace) -> tuple[str, str]:
     """(kind, data.path): an explicit --dataset, else $LTD_DATA_DIR when it holds a dataset, else synthetic
     (``synthetic_svl`` with ``--shortcuts``, which always means the scenes)."""
@@ -70,12 +86,13 @@ def choose_dataset(args: argparse.Namespace) -> tuple[str, str]:
                              "dataset with shortcuts through `ltd experiment`, e.g. grids/flickr8k_svl.yaml)")
         return "synthetic_svl", ""
     if args.dataset:
-        return "karpathy", str(Path(args.dataset).expanduser().resolve())
+        path = Path(args.dataset).expanduser().resolve()
+        return dataset_kind(path), str(path)
     env = os.environ.get("LTD_DATA_DIR")
     if env and not args.synthetic:
         d = Path(env)
         if d.is_file() or list(d.glob("dataset_*.json")):
-            return "karpathy", str(d.resolve())
+            return dataset_kind(d.resolve()), str(d.resolve())
         log.warning("LTD_DATA_DIR=%s holds no dataset_*.json; using the synthetic scenes", env)
     return "synthetic", ""
 
