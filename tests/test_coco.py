@@ -141,6 +141,7 @@ def test_karpathy_test_split_from_an_id_list(tmp_path, capsys):
     prov = ds.meta["split_provenance"]
     assert prov["method"] == "karpathy_test" and "NOT Karpathy's" in prov["val"] and prov["val_seed"] == 0
     assert "1 further captions" in prov["test"]  # image 8 of train2017 had a 6th caption
+    assert not prov["test"].startswith("Karpathy")  # a stand-in list is not called Karpathy's split
     # deterministic: the same command gives the same file; another seed another val
     first = out.read_text()
     assert main(["data", "convert-coco", "--coco-root", str(tmp_path / "coco"), "--karpathy-test",
@@ -173,6 +174,7 @@ def test_coco_root_defaults_to_the_standard_split_with_the_package_ids(tmp_path,
     ds = load_karpathy(tmp_path / "c.json")
     assert [im.cocoid for im in ds.split("test").images] == [i for i, _ in made["val"][:2]]
     assert ds.split_counts() == {"test": 2, "val": 2, "train": 5}
+    assert ds.meta["split_provenance"]["test"].startswith("Karpathy's 5k test split (eccv-caption's list)")
 
 
 def test_the_installed_package_ships_the_5k_test_caption_ids():
@@ -267,3 +269,28 @@ def test_reader_refuses_paths_outside_the_root(tmp_path, filepath, filename):
                                          "sentences": [{"raw": "x"}]}]}))
     with pytest.raises(DatasetError, match="must stay inside the images root"):
         load_karpathy(p, check_files=False)
+
+
+def test_readme_coco_commands(tmp_path, capsys, monkeypatch):
+    """The README's "COCO from the official files": the download line only fetches (not run here: no
+    network in tests), the convert line works on an unpacked download, the demo line parses."""
+    import shlex
+
+    import training.data.coco as coco
+    from app.cli import main
+    from app.cli.parser import build_parser
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("### COCO from the official files\n", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    cmds = [shlex.split(ln.split("  #")[0]) for ln in block.splitlines() if ln.startswith("ltd ")]
+    assert [c[:3] for c in cmds] == [["ltd", "data", "convert-coco"], ["ltd", "demo", "--dataset"]]
+    assert "images.cocodataset.org" in block
+    made = write_coco(tmp_path / "coco", "2014", {"train": 4, "val": 3})
+    (tmp_path / "pkg").mkdir()
+    stand_in_test_ids(tmp_path / "pkg" / "coco_test_ids.npy", made["val"][:1])
+    monkeypatch.setattr(coco, "eccv_data_dir", lambda: tmp_path / "pkg")
+    monkeypatch.chdir(tmp_path)
+    assert main(cmds[0][1:] + ["--val-size", "1"]) == 0
+    assert load_karpathy(tmp_path / "coco" / "dataset_coco.json").split_counts() == {"test": 1, "val": 1, "train": 5}
+    args = build_parser()[0].parse_args(cmds[1][1:])
+    assert args.dataset == "coco/dataset_coco.json" and not args.no_serve

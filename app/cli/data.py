@@ -133,7 +133,7 @@ def cmd_convert_coco(args: argparse.Namespace) -> int:
     test_ids = args.karpathy_test
     if test_ids is None and args.coco_root and not args.split:
         test_ids = ""
-        print("convert-coco: --coco-root without --split: using the standard 5k test split (--karpathy-test)")
+        print("convert-coco: --coco-root without --split: using the standard 5k test split (--karpathy-test)", flush=True)
     if test_ids == "":
         test_ids = default_test_ids()
     res = convert_coco(pairs, args.out, append=args.append, karpathy_test=test_ids, val_size=args.val_size,

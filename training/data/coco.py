@@ -206,7 +206,7 @@ def karpathy_split(images: list[dict], test_ids: Path, *, val_size: int = 5000, 
         raise DatasetError(
             f"{len(absent):,} of the {len(ids):,} test caption ids in {test_ids} are not in {', '.join(sources) or 'the files'} "
             f"(first: {absent[0]}); the 5k test images are in val2014 (2014) or spread over train2017 and val2017 "
-            "(2017): convert both captions files of one year together")
+            "(2017): convert both captions files of one year together (and only COCO's official files)")
     test_order: list[int] = []
     test_caps: dict[int, list[dict]] = defaultdict(list)
     for a in ids:
@@ -230,10 +230,11 @@ def karpathy_split(images: list[dict], test_ids: Path, *, val_size: int = 5000, 
     for k in train:
         images[k]["split"] = "train"
     n_test_caps = len(ids)
+    what = ("Karpathy's 5k test split (eccv-caption's list): " if _is_package_list(test_ids) else "")
     provenance = {
         "method": "karpathy_test",
-        "test": f"the Karpathy 5k test split: the {len(test_order):,} images of the {n_test_caps:,} caption ids in "
-                f"{test_ids.name} (sha256 {sha256_file(test_ids)[:12]}), with exactly those captions"
+        "test": f"{what}the {len(test_order):,} images of the {n_test_caps:,} caption ids in {test_ids.name} "
+                f"(sha256 {sha256_file(test_ids)[:12]}), with exactly those captions"
                 + (f" ({dropped} further captions of these images left out)" if dropped else ""),
         "val": f"{len(val):,} images drawn at random (seed {val_seed}) from the images outside test: NOT Karpathy's "
                "own val split, whose ids are not shipped by any installed package",
@@ -242,6 +243,13 @@ def karpathy_split(images: list[dict], test_ids: Path, *, val_size: int = 5000, 
     }
     order = test_order + val + train
     return [images[k] for k in order], provenance
+
+
+def _is_package_list(path: Path) -> bool:
+    try:
+        return path.resolve() == default_test_ids().resolve()
+    except DatasetError:
+        return False
 
 
 # ---- the conversion ----------------------------------------------------------------------------------------
