@@ -199,4 +199,6 @@ def public_manifest(index_path: Path, manifest: dict) -> dict:
     out["dataset"] = {k: rel(v) for k, v in (manifest.get("dataset") or {}).items()}
     out["skipped"] = [{**s, "file": rel(s.get("file"))} for s in manifest.get("skipped", [])]
     out["appends"] = [{k: rel(v) for k, v in a.items()} for a in manifest.get("appends", [])]
+    if "image_roots" in manifest:
+        out["image_roots"] = [rel(r) for r in manifest["image_roots"]]
     return out

@@ -98,6 +98,8 @@ def test_server_serves_images_from_both_folders_and_nothing_else(coco_index, tmp
     settings = Settings(models={"coco": str(ix.path)}, ui=False, load_in_background=False, torch_threads=0,
                         faiss_threads=0)
     with TestClient(create_app(settings)) as client:
+        mf = client.get("/api/models/coco").json()["manifest"]
+        assert len(mf["image_roots"]) == 2 and not any(r.startswith("/") for r in mf["image_roots"])
         for pos, image_id in enumerate(ix.images.ids):
             r = client.get(f"/api/images/{image_id}")
             assert r.status_code == 200 and r.content == open(ix.images.meta["paths"][pos], "rb").read()
