@@ -9,12 +9,11 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
-
 from indexer.index import IndexDir, IndexDirError, load_index_dir, read_manifest
 from indexer.metrics import REPORT_KEYS, ndcg_key
 from training.checkpoint import load_checkpoint, sha256_file
 from training.config import Config
+from training.config_base import ConfigError, load_saved
 
 log = logging.getLogger(__name__)
 
@@ -32,28 +31,17 @@ def train_run(cfg, out: Path, *, resume: bool = False, show_progress: bool = Tru
     return train(cfg, out, validate=validator, resume=resume, data=data, show_progress=show_progress)
 
 
-def _with_defaults(saved: object, defaults: dict) -> object:
-    """A saved config read as today's code reads it: keys added to the config since the run was saved
-    take their defaults (a new option's default is, by rule, the old behaviour), so adding an option
-    does not orphan every finished run. Keys that no longer exist stay and so still conflict."""
-    if not isinstance(saved, dict):
-        return saved
-    out = dict(saved)
-    for key, value in defaults.items():
-        if key not in out:
-            out[key] = value
-        elif isinstance(value, dict):
-            out[key] = _with_defaults(out[key], value)
-    return out
-
-
 def _state(cfg, run_dir: Path, finished: Callable[[Path], bool]) -> str:
     """``done`` (``finished(checkpoint)`` with this config and a best.pt), ``partial`` (resumable),
     ``absent`` or ``conflict`` (the folder holds a run with another config)."""
-    ckpt, saved = run_dir / "checkpoint.pt", run_dir / "config.yaml"
+    ckpt = run_dir / "checkpoint.pt"
     if not ckpt.is_file():
         return "absent"
-    if not saved.is_file() or _with_defaults(yaml.safe_load(saved.read_text()), type(cfg)().to_dict()) != cfg.to_dict():
+    try:  # read as today's code reads it: options added since take their defaults (= the old behaviour)
+        saved = load_saved(type(cfg), run_dir)
+    except ConfigError:  # missing, or a key that no longer exists: not this run
+        return "conflict"
+    if saved.to_dict() != cfg.to_dict():
         return "conflict"
     return "done" if finished(ckpt) and (run_dir / "best.pt").is_file() else "partial"
 

@@ -65,7 +65,7 @@ def test_nothing_outside_losses_and_config_reads_the_loss_config():
     ({"decoder": "itd"}, None, None, "cosine"),  # mode none: no decoder whatever loss.decoder says
     ({"mode": "dual"}, "ltd", "", "cosine"),
     ({"mode": "constraint", "target_model": "all-mpnet-base-v2"}, "ltd", "all-mpnet-base-v2", "cosine"),
-    ({"mode": "replay", "decoder": "itd", "target_model": "x"}, "itd", None, "cosine"),
+    ({"mode": "replay", "decoder": "itd", "target_model": "x", "lambda_schedule": "run"}, "itd", None, "cosine"),
     ({"contrastive": "order"}, None, None, "order"),
     ({"contrastive": "sh_mh"}, None, None, "cosine"),
 ])

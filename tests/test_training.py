@@ -23,7 +23,7 @@ def _rows(run, kind="step"):
     ("loss.eta=-1", "must be > 0"),
     ("train.batch_size=1", "train.batch_size=1 must be >= 2"),
     ("loss.mode=dual_loss", "loss.mode='dual_loss' is not valid; choose one of: none, dual, constraint"),
-    ("loss.contrastive=hinge", "choose one of: infonce, triplet, ifm"),
+    ("loss.contrastive=hinge", "choose one of: infonce, triplet, mh, sh, ifm, order, sh_mh"),
     ("loss.etaa=0.2", "unknown config key 'loss.etaa' (did you mean 'eta'?); valid keys here: contrastive"),
     ("train.epochs=two", "train.epochs: expected an integer"),
     ("data.shortcuts=bits:40", "data.shortcuts='bits:40' is not valid"),
