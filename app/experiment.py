@@ -1,31 +1,7 @@
 """`ltd experiment`: a grid of train → index → eval runs with seeds, sweeps chosen on validation,
 shortcut evaluations, and mean ± std tables.
 
-Grid file (YAML)::
-
-    name: flickr8k_main              # output folder experiments/<name> unless --out
-    base: flickr8k_baseline          # preset or YAML every cell starts from
-    set: [train.epochs=15]           # overrides for every cell
-    seeds: [0, 1, 2]
-    eval_split: test                 # reported split; selection always uses data.val_split
-    eval_shortcuts: [none]           # shortcut settings to evaluate every run with (SVL)
-    cells:
-      - name: baseline
-        set: [loss.mode=none]
-      - name: ltd_constraint
-        set: [loss.mode=constraint]
-        sweep: {loss.eta: [0.1, 0.15, 0.2]}   # chosen on val rsum (mean over the sweep seeds)
-        sweep_seeds: [0]                        # seeds used for the sweep (default: the first seed)
-      - name: replayed
-        set: [loss.mode=replay, "loss.lambda_schedule={out}/runs/ltd_constraint@eta=0.15/seed{next_seed}"]
-    compare: [[ltd_constraint, replayed]]   # extra pairs (every cell is compared with the first)
-
-``{seed}``, ``{next_seed}`` and ``{out}`` in a cell's overrides become the run's seed, the grid's next
-seed (cyclic) and the grid's output folder: a replay cell reads the λ schedule of a constraint run that
-an earlier cell trains (with ``{seed}`` the replay is bit-identical to that run, a determinism check;
-with ``{next_seed}`` it applies another run's λ(t), not adapted to its own L_rec).
-
-A sweep first trains every value with ``sweep_seeds`` and evaluates on val; the best value is then
+The grid file is described in ``app/grid.py``. A sweep first trains every value with ``sweep_seeds`` and evaluates on val; the best value is then
 trained with all ``seeds`` and reported on ``eval_split``. The test split is never used to choose.
 Every step is skipped when its result exists, so an interrupted grid resumes where it stopped.
 """
@@ -36,15 +12,17 @@ import logging
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import yaml
 
 from app.experiment_stats import paired_statistics, render_paired, seed_matched
+from app.grid import Grid, substitute
 from indexer import metrics
-from training.config import ConfigError, load_config
+from training.config import load_config
+from training.fsio import atomic_write_text, write_json_atomic
 
 log = logging.getLogger("ltd.experiment")
 
@@ -64,66 +42,6 @@ class Job:
     base: str
     label: str = ""
     sweep_value: object = None
-
-
-@dataclass
-class Grid:
-    name: str
-    base: str
-    common: list[str]
-    seeds: list[int]
-    eval_split: str
-    eval_shortcuts: list[str]
-    cells: list[dict]
-    relevance: str | None = "rougeL"
-    raw: dict = field(default_factory=dict)
-    compare: list[list[str]] = field(default_factory=list)
-
-
-def load_grid(path: str | Path, extra_set: list[str] | None = None) -> Grid:
-    """Read and validate a grid file; ``extra_set`` (``ltd experiment --set``) is appended to its
-    common overrides (cells' own ``set`` still win)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"grid file not found: {path}")
-    try:
-        g = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {e}") from None
-    known = {"name", "base", "set", "seeds", "eval_split", "eval_shortcuts", "cells", "relevance", "compare"}
-    unknown = set(g) - known
-    if unknown:
-        raise ConfigError(f"{path}: unknown grid keys {sorted(unknown)}; valid: {sorted(known)}")
-    if not g.get("cells"):
-        raise ConfigError(f"{path}: a grid needs a non-empty 'cells' list")
-    names = [c.get("name") for c in g["cells"]]
-    if not all(names) or len(set(names)) != len(names):
-        raise ConfigError(f"{path}: every cell needs a unique 'name' (got {names})")
-    for c in g["cells"]:
-        extra = set(c) - {"name", "set", "sweep", "sweep_seeds", "seeds"}
-        if extra:
-            raise ConfigError(f"{path}: cell {c['name']}: unknown keys {sorted(extra)}")
-        if c.get("sweep") and len(c["sweep"]) != 1:
-            raise ConfigError(f"{path}: cell {c['name']}: sweep one parameter at a time")
-    for pair in g.get("compare", []):
-        if not (isinstance(pair, list) and len(pair) == 2 and all(p in names for p in pair)):
-            raise ConfigError(f"{path}: compare entries are [reference, cell] pairs of cell names, got {pair!r}")
-    grid = Grid(name=g.get("name", path.stem), base=g.get("base", "synthetic_baseline"), common=list(g.get("set", [])) + list(extra_set or []),
-                seeds=[int(s) for s in g.get("seeds", [0])], eval_split=g.get("eval_split", "test"),
-                eval_shortcuts=list(g.get("eval_shortcuts", ["none"])), cells=g["cells"],
-                relevance=g.get("relevance", "rougeL"), raw={**g, "set": list(g.get("set", [])) + list(extra_set or [])},
-                compare=[list(p) for p in g.get("compare", [])])
-    for c in grid.cells:  # validate every cell's config up front: fail before hours of training
-        for v in (list(c["sweep"].values())[0] if c.get("sweep") else [None]):
-            load_config(grid.base, grid.common + list(c.get("set", [])) +
-                        ([f"{list(c['sweep'])[0]}={v}"] if v is not None else []))
-    return grid
-
-
-def substitute(sets: list[str], seed: int, seeds: list[int], out: Path) -> list[str]:
-    """``{seed}``, ``{next_seed}`` (the grid's next seed, cyclic) and ``{out}`` in a cell's overrides."""
-    nxt = seeds[(seeds.index(seed) + 1) % len(seeds)] if seed in seeds else seed
-    return [x.replace("{seed}", str(seed)).replace("{next_seed}", str(nxt)).replace("{out}", str(out)) for x in sets]
 
 
 def _value_tag(v: object) -> str:
@@ -200,7 +118,7 @@ def _stats(values: list[float]) -> dict:
 
 def run_grid(grid: Grid, out: Path, n_jobs: int = 1) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "grid.yaml").write_text(yaml.safe_dump(grid.raw, sort_keys=False))
+    atomic_write_text(out / "grid.yaml", yaml.safe_dump(grid.raw, sort_keys=False))
     base_cfg = load_config(grid.base, grid.common)
     val_split = base_cfg.data.val_split
 
@@ -215,48 +133,47 @@ def run_grid(grid: Grid, out: Path, n_jobs: int = 1) -> dict:
     selection: dict[str, dict] = {}
     sweep_jobs = []
     for c in grid.cells:
-        if c.get("sweep"):
-            (param, values), = c["sweep"].items()
+        if c.sweep:
+            (param, values), = c.sweep.items()
             for v in values:
-                for s in c.get("sweep_seeds", grid.seeds[:1]):
-                    sweep_jobs.append(job(c["name"], s, list(c.get("set", [])) + [f"{param}={v}"],
-                                          f"{c['name']}@{param.split('.')[-1]}={_value_tag(v)}", v))
+                for s in (c.sweep_seeds if c.sweep_seeds is not None else grid.seeds[:1]):
+                    sweep_jobs.append(job(c.name, s, c.set + [f"{param}={v}"],
+                                          f"{c.name}@{param.split('.')[-1]}={_value_tag(v)}", v))
     sweep_results = _run_all(sweep_jobs, n_jobs)
     for c in grid.cells:
-        if c.get("sweep"):
-            (param, values), = c["sweep"].items()
+        if c.sweep:
+            (param, values), = c.sweep.items()
             by_v = {v: [r["reports"][val_split]["rsum"] for r in sweep_results
-                        if r["cell"] == c["name"] and r["sweep_value"] == v] for v in values}
+                        if r["cell"] == c.name and r["sweep_value"] == v] for v in values}
             means = {str(v): float(np.mean(x)) for v, x in by_v.items()}
             chosen = max(values, key=lambda v: np.mean(by_v[v]))
-            selection[c["name"]] = {"param": param, "val_rsum": means, "chosen": chosen}
-            log.info("%s: chose %s=%s on %s rsum %s", c["name"], param, chosen, val_split, means)
+            selection[c.name] = {"param": param, "val_rsum": means, "chosen": chosen}
+            log.info("%s: chose %s=%s on %s rsum %s", c.name, param, chosen, val_split, means)
     # Phase 2: every cell with all its seeds (a chosen sweep value reuses its sweep runs).
     main_jobs = []
     for c in grid.cells:
-        sets = list(c.get("set", []))
-        label = c["name"]
+        sets = list(c.set)
+        label = c.name
         value = None
-        if c["name"] in selection:
-            sel = selection[c["name"]]
+        if c.name in selection:
+            sel = selection[c.name]
             value = sel["chosen"]
             sets += [f"{sel['param']}={value}"]
-            label = f"{c['name']}@{sel['param'].split('.')[-1]}={_value_tag(value)}"
-        for s in c.get("seeds", grid.seeds):
-            main_jobs.append(job(c["name"], s, sets, label, value))
+            label = f"{c.name}@{sel['param'].split('.')[-1]}={_value_tag(value)}"
+        for s in (c.seeds if c.seeds is not None else grid.seeds):
+            main_jobs.append(job(c.name, s, sets, label, value))
     main_results = _run_all(main_jobs, n_jobs)
     summary: dict[str, dict] = {}
     for c in grid.cells:
-        rs = [r for r in main_results if r["cell"] == c["name"]]
+        rs = [r for r in main_results if r["cell"] == c.name]
         tags = sorted({t for r in rs for t in r["reports"]})
-        summary[c["name"]] = {t: {k: _stats([r["reports"][t][k] for r in rs if k in r["reports"][t]])
+        summary[c.name] = {t: {k: _stats([r["reports"][t][k] for r in rs if k in r["reports"][t]])
                                   for k in REPORT_KEYS if all(k in r["reports"][t] for r in rs)} for t in tags}
     results = {"name": grid.name, "base": grid.base, "common": grid.common, "seeds": grid.seeds,
                "eval_split": grid.eval_split, "val_split": val_split, "selection": selection,
                "sweep_runs": sweep_results, "runs": main_results, "summary": summary, "compare": grid.compare,
                "machine": machine_description(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
     results["paired"] = paired_statistics(results, [grid.eval_split])
-    from training.fsio import atomic_write_text, write_json_atomic
     write_json_atomic(out / "results.json", results, indent=2, default=str)
     atomic_write_text(out / "results.md", render_results(results))
     plot_groups(results, out)

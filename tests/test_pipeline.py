@@ -142,7 +142,7 @@ def test_experiment_grid_runs_and_resumes(tmp_path, capsys):
 
 
 def test_experiment_grid_validation(tmp_path):
-    from app.experiment import load_grid
+    from app.grid import load_grid
     from training.config import ConfigError
 
     p = tmp_path / "g.yaml"
@@ -153,12 +153,12 @@ def test_experiment_grid_validation(tmp_path):
     with pytest.raises(ConfigError, match="unique 'name'"):
         load_grid(p)
     p.write_text(yaml.safe_dump({"cellz": []}))
-    with pytest.raises(ConfigError, match="unknown grid keys"):
+    with pytest.raises(ConfigError, match="unknown config key 'cellz' \\(did you mean 'cells'\\?\\); valid keys here: name, base, set"):
         load_grid(p)
 
 
 def test_experiment_extra_set_is_common_and_validated(tmp_path):
-    from app.experiment import load_grid
+    from app.grid import load_grid
     from training.config import ConfigError
 
     p = tmp_path / "g.yaml"
@@ -170,7 +170,7 @@ def test_experiment_extra_set_is_common_and_validated(tmp_path):
 
 
 def test_shipped_grids_are_valid(monkeypatch, tmp_path):
-    from app.experiment import load_grid
+    from app.grid import load_grid
 
     monkeypatch.setenv("LTD_DATA_DIR", str(tmp_path))
     grids = sorted((Path(__file__).parent.parent / "grids").glob("*.yaml"))
@@ -201,7 +201,7 @@ def test_paired_differences_match_by_seed():
 
 
 def test_grid_overrides_substitute_seed_next_seed_and_out(tmp_path):
-    from app.experiment import substitute
+    from app.grid import substitute
 
     sets = ["loss.lambda_schedule={out}/runs/c/seed{next_seed}", "x.y={seed}"]
     assert substitute(sets, 2, [0, 1, 2], tmp_path) == [f"loss.lambda_schedule={tmp_path}/runs/c/seed0", "x.y=2"]
@@ -210,13 +210,13 @@ def test_grid_overrides_substitute_seed_next_seed_and_out(tmp_path):
 
 def test_the_clean_preset_is_the_grids_headline_cell(monkeypatch, tmp_path):
     """configs/flickr8k_clean.yaml must be exactly the recipe whose 3 seeds RESULTS.md reports."""
-    from app.experiment import load_grid
+    from app.grid import load_grid
     from training.config import load_config
 
     monkeypatch.setenv("LTD_DATA_DIR", str(tmp_path))
     grid = load_grid(Path(__file__).parent.parent / "grids" / "flickr8k_clean.yaml")
-    cell = next(c for c in grid.cells if c["name"] == "fne_gru_maxpool")
-    measured = load_config(grid.base, grid.common + cell["set"] + ["train.name=flickr8k_clean"]).to_dict()
+    cell = next(c for c in grid.cells if c.name == "fne_gru_maxpool")
+    measured = load_config(grid.base, grid.common + cell.set + ["train.name=flickr8k_clean"]).to_dict()
     preset = load_config("flickr8k_clean").to_dict()
     for d in (measured, preset):  # the grid's base is the MiniLM preset; its sbert options do not apply to a bi-GRU
         d["model"] = {k: v for k, v in d["model"].items() if not k.startswith("sbert_")}

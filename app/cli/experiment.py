@@ -16,7 +16,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
-    from app.experiment import load_grid, run_grid
+    from app.experiment import run_grid
+    from app.grid import load_grid
 
     if args.jobs < 1:
         raise ValueError("--jobs must be at least 1")

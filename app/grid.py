@@ -1,0 +1,107 @@
+"""Grid files of `ltd experiment` (app/experiment.py runs them), on the shared config system.
+
+Grid file (YAML)::
+
+    name: flickr8k_main              # output folder experiments/<name> unless --out
+    base: flickr8k_baseline          # preset or YAML every cell starts from
+    set: [train.epochs=15]           # overrides for every cell
+    seeds: [0, 1, 2]
+    eval_split: test                 # reported split; selection always uses data.val_split
+    eval_shortcuts: [none]           # shortcut settings to evaluate every run with (SVL)
+    cells:
+      - name: baseline
+        set: [loss.mode=none]
+      - name: ltd_constraint
+        set: [loss.mode=constraint]
+        sweep: {loss.eta: [0.1, 0.15, 0.2]}   # chosen on val rsum (mean over the sweep seeds)
+        sweep_seeds: [0]                        # seeds used for the sweep (default: the first seed)
+      - name: replayed
+        set: [loss.mode=replay, "loss.lambda_schedule={out}/runs/ltd_constraint@eta=0.15/seed{next_seed}"]
+    compare: [[ltd_constraint, replayed]]   # extra pairs (every cell is compared with the first)
+
+``{seed}``, ``{next_seed}`` and ``{out}`` in a cell's overrides become the run's seed, the grid's next
+seed (cyclic) and the grid's output folder: a replay cell reads the λ schedule of a constraint run that
+an earlier cell trains (with ``{seed}`` the replay is bit-identical to that run, a determinism check;
+with ``{next_seed}`` it applies another run's λ(t), not adapted to its own L_rec).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from training.config import load_config
+from training.config_base import Section, read_yaml, validate_as
+from training.errors import UserFileNotFound
+
+
+class GridCell(Section):
+    name: str
+    set: list[str] = Field(default_factory=list)  # overrides of this cell (after the grid's own)
+    sweep: dict[str, list] = Field(default_factory=dict)  # {key: values}: one parameter, chosen on val rsum
+    sweep_seeds: list[int] | None = None  # seeds of the sweep (default: the grid's first seed)
+    seeds: list[int] | None = None  # this cell's seeds (default: the grid's)
+
+    @model_validator(mode="after")
+    def _one_parameter(self) -> GridCell:
+        if len(self.sweep) > 1:
+            raise ValueError(f"cell {self.name}: sweep one parameter at a time")
+        return self
+
+
+class Grid(Section):
+    """A grid file (see the module docstring); ``set`` holds the overrides common to every cell."""
+
+    name: str = ""  # default: the file's name
+    base: str = "synthetic_baseline"
+    set: list[str] = Field(default_factory=list)
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    eval_split: str = "test"
+    eval_shortcuts: list[str] = Field(default_factory=lambda: ["none"])
+    cells: list[GridCell] = Field(default_factory=list)
+    relevance: str | None = "rougeL"
+    compare: list[list[str]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _cells(self) -> Grid:
+        if not self.cells:
+            raise ValueError("a grid needs a non-empty 'cells' list")
+        names = [c.name for c in self.cells]
+        if len(set(names)) != len(names):
+            raise ValueError(f"every cell needs a unique 'name' (got {names})")
+        for pair in self.compare:
+            if not (len(pair) == 2 and all(p in names for p in pair)):
+                raise ValueError(f"compare entries are [reference, cell] pairs of cell names, got {pair!r}")
+        return self
+
+    @property
+    def common(self) -> list[str]:
+        return self.set
+
+    @property
+    def raw(self) -> dict:
+        """The grid as it runs (written to the output folder as grid.yaml)."""
+        return self.model_dump(exclude_none=True)
+
+
+def load_grid(path: str | Path, extra_set: list[str] | None = None) -> Grid:
+    """Read and validate a grid file; ``extra_set`` (``ltd experiment --set``) is appended to its
+    common overrides (cells' own ``set`` still win). Every cell's config is validated up front."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserFileNotFound(f"grid file not found: {path}")
+    data = read_yaml(path)
+    data.setdefault("name", path.stem)
+    grid = validate_as(Grid, data, where=f"{path}: ")
+    grid.set = grid.set + list(extra_set or [])
+    for c in grid.cells:  # fail before hours of training
+        (param, values), = c.sweep.items() if c.sweep else ((None, [None]),)
+        for v in values:
+            load_config(grid.base, grid.common + c.set + ([f"{param}={v}"] if param else []))
+    return grid
+
+
+def substitute(sets: list[str], seed: int, seeds: list[int], out: Path) -> list[str]:
+    """``{seed}``, ``{next_seed}`` (the grid's next seed, cyclic) and ``{out}`` in a cell's overrides."""
+    nxt = seeds[(seeds.index(seed) + 1) % len(seeds)] if seed in seeds else seed
+    return [x.replace("{seed}", str(seed)).replace("{next_seed}", str(nxt)).replace("{out}", str(out)) for x in sets]
