@@ -25,7 +25,7 @@ from app.api.limits import BodyLimitMiddleware, body_limits
 from app.api.prom import PrometheusMiddleware, Registry
 from app.api.routers import caption, deps, docs, health, media, metrics, search
 from app.api.security import AccessMiddleware
-from app.api.settings import Settings
+from app.api.settings import Settings, load_settings
 from search import SearchService
 
 log = logging.getLogger(__name__)
@@ -170,6 +170,6 @@ def create_app(settings: Settings | None = None, service: SearchService | None =
 
 def create_app_from_env() -> FastAPI:
     """Factory for ``uvicorn --factory`` and worker processes: settings from LTD_* variables."""
-    settings = Settings()
+    settings = load_settings()
     apply_thread_settings(settings)
     return create_app(settings)

@@ -262,7 +262,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["models"], overrides["checkpoints"] = parse_models(args.model)
     if args.captioner:
         overrides["captioners"] = parse_captioners(args.captioner)
-    from app.api.settings import Settings
+    from app.api.settings import load_settings
 
     if args.device:
         overrides["device"] = args.device
@@ -276,7 +276,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["text_batching"] = False
     if args.quantize_text:
         overrides["text_quantize"] = True
-    settings = Settings(**overrides)  # LTD_* environment variables fill in the rest
+    settings = load_settings(**overrides)  # LTD_* environment variables fill in the rest
     if not settings.models:
         raise ValueError("no models: give --model NAME=INDEX_DIR (repeatable), or set LTD_MODELS")
     if not args.model:  # from LTD_MODELS: check them like flags
