@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import tempfile
 import threading
 from collections import OrderedDict
@@ -21,6 +20,7 @@ import torch
 from search.errors import BadRequest, Busy, NotFound, Unsupported, UnsupportedMediaType
 from search.registry import ModelEntry
 from training.data.images import ImageError, load_image
+from training.env import environment
 from training.fsio import atomic_write_bytes
 
 # Magic numbers of the formats load_image accepts; anything else is refused before decoding.
@@ -96,7 +96,7 @@ class UploadDecoder:
 
 
 def default_thumb_dir() -> Path:
-    return Path(os.environ.get("LTD_UI_THUMBS", Path(tempfile.gettempdir()) / "ltd-ui-thumbs"))
+    return Path(environment().ui_thumbs or Path(tempfile.gettempdir()) / "ltd-ui-thumbs")
 
 
 class Thumbnails:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from training.progress import progress
 
+from training.env import default_cache_dir
 from training.fsio import exclusive, write_json_atomic
 from training.data.decode_pool import ImageTransform, decode_key, decoded_batches
 from training.models.backbones import Backbone
@@ -29,10 +30,6 @@ from training.models.backbones import Backbone
 log = logging.getLogger(__name__)
 
 TODO, DONE, FAILED = 0, 1, 2
-
-
-def default_cache_dir(configured: str = "") -> Path:
-    return Path(configured or os.environ.get("LTD_CACHE_DIR") or Path.home() / ".cache" / "ltd")
 
 
 @dataclass

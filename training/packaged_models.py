@@ -29,7 +29,7 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
-from training.features import default_cache_dir
+from training.env import default_cache_dir
 from training.fsio import temp_name
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,8 @@ import torch
 from training.config import Config, ConfigError
 from training.data.karpathy import Dataset, DatasetError, Split, labelled_mask, load_karpathy, tokenize
 from training.data.vocab import Vocab
-from training.features import FeatureStore, default_cache_dir, extract_features
+from training.env import default_cache_dir
+from training.features import FeatureStore, extract_features
 from training.losses.objective import objective_needs
 from training.models.backbones import Backbone, build_backbone
 

@@ -11,11 +11,12 @@ pipe) one log line every ``interval`` seconds and one at the end, instead of hun
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 
 from tqdm.auto import tqdm
+
+from training.env import environment
 
 log = logging.getLogger("ltd.progress")
 
@@ -23,10 +24,7 @@ log = logging.getLogger("ltd.progress")
 def _mode(disable: bool) -> str:
     if disable:
         return "off"
-    mode = os.environ.get("LTD_PROGRESS", "").lower()
-    if mode in ("bar", "log", "off"):
-        return mode
-    return "bar" if sys.stderr.isatty() else "log"
+    return environment().progress or ("bar" if sys.stderr.isatty() else "log")
 
 
 class LogProgress:
@@ -35,7 +33,7 @@ class LogProgress:
     def __init__(self, total: int | None = None, initial: int = 0, desc: str = "", unit: str = "it",
                  interval: float | None = None):
         self.total, self.n, self.desc, self.unit = total, initial, desc, unit
-        self.interval = interval if interval is not None else float(os.environ.get("LTD_PROGRESS_INTERVAL", 30))
+        self.interval = interval if interval is not None else environment().progress_interval
         self.start = self.last = time.monotonic()
         self.start_n = initial
         self.postfix = ""

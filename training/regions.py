@@ -35,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from training.features import FeatureStore, default_cache_dir
+from training.env import default_cache_dir
+from training.features import FeatureStore
 from training.fsio import remove_stale_temps, temp_name, write_json_atomic
 from training.progress import progress
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.features import default_cache_dir
+from training.env import default_cache_dir
 from training.fsio import exclusive, save_npy_atomic
 from training.progress import bars
 from training.models.backbones import cpu_bf16_fast

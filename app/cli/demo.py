@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
 import time
 from pathlib import Path
@@ -88,7 +87,9 @@ def choose_dataset(args: argparse.Namespace) -> tuple[str, str]:
     if args.dataset:
         path = Path(args.dataset).expanduser().resolve()
         return dataset_kind(path), str(path)
-    env = os.environ.get("LTD_DATA_DIR")
+    from training.env import environment
+
+    env = environment().data_dir
     if env and not args.synthetic:
         d = Path(env)
         if d.is_file() or list(d.glob("dataset_*.json")):
@@ -108,9 +109,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     progress = not args.no_progress
     if not args.no_serve:  # refuse an accidental exposure now, not after the training
         from app.cli.serve import bind_policy
-        from app.api.settings import Settings
+        from app.api.settings import load_settings
 
-        token = Settings().api_token
+        token = load_settings().api_token
         hosts = bind_policy(args.host, args.expose, args.allowed_host, token.get_secret_value() if token else None)
     kind, data_path = choose_dataset(args)
     names = dict(zip(("bl", "ltd"), PRESETS[kind]))
@@ -149,9 +150,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from search import SearchService
 
     models = {n: str(ix.path.resolve()) for n, ix in indexes.items()}
-    service = SearchService(models, config=Settings().search_config(), captioners=captioners)
+    from app.api.settings import load_settings
+
+    service = SearchService(models, config=load_settings().search_config(), captioners=captioners)
     service.load()
-    return serve(Settings(models=models, captioners=captioners, load_in_background=False, allowed_hosts=hosts),
+    return serve(load_settings(models=models, captioners=captioners, load_in_background=False, allowed_hosts=hosts),
                  host=args.host, port=args.port, service=service)
 
 

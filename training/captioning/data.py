@@ -12,7 +12,6 @@ the labelled training references.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,7 +147,3 @@ def default_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("train.device=cuda but no CUDA device is available")
     return torch.device(name)
-
-
-def cache_dir_of(cfg: CaptionConfig) -> str:
-    return cfg.data.cache_dir or os.environ.get("LTD_CACHE_DIR", "")

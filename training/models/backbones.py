@@ -18,19 +18,20 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import os
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from training import choices
 from training.data.images import Preprocess
+from training.env import environment
 from training.models.runtimes import (ImageRuntime, RuntimeUnavailable, Tap, feature_dtype, requested_runtime,
                                       resolve_runtime)
 
 log = logging.getLogger(__name__)
 
-BACKBONES = ("efficientnet_lite0", "resnet50", "resnet152", "precomputed")
+BACKBONES = choices.names(choices.Backbone)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
@@ -50,7 +51,7 @@ def file_sha256(path: str) -> str:
 def cpu_features_in_bf16() -> bool:
     """Frozen CNN features on the CPU run under bf16 autocast: native bf16 here, and not pinned to fp32
     by ``LTD_FEATURE_DTYPE=float32``."""
-    return os.environ.get("LTD_FEATURE_DTYPE", "auto") != "float32" and cpu_bf16_fast()
+    return environment().feature_dtype != "float32" and cpu_bf16_fast()
 
 
 def cpu_bf16_fast() -> bool:

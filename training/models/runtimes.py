@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -32,12 +31,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from training.env import environment
+
 log = logging.getLogger(__name__)
 
 RUNTIMES = ("auto", "torch", "compile", "onnxruntime", "openvino")
 # cosine between any fp32 runtime's features and the torch reference (measured ≥ 0.9999998)
 COSINE_TOLERANCE = 0.99999
-ENV = "LTD_IMAGE_RUNTIME"
 
 
 class RuntimeUnavailable(RuntimeError):
@@ -92,7 +92,7 @@ def weights_digest(module: nn.Module) -> str:
 
 def export_onnx(tap: Tap, image_size: int, cache_dir: str | Path = "") -> Path:
     """The tap exported to ONNX (batch dimension dynamic), written once, atomically, into the cache."""
-    from training.features import default_cache_dir
+    from training.env import default_cache_dir
     from training.fsio import atomic_path
 
     key = f"effnet_{tap.features}_{image_size}_{weights_digest(tap)}_torch{torch.__version__.split('+')[0]}"
@@ -188,4 +188,4 @@ class ImageRuntime:
 
 def requested_runtime(explicit: str | None = None) -> str:
     """``explicit`` if given, else ``LTD_IMAGE_RUNTIME``, else ``auto``."""
-    return explicit or os.environ.get(ENV) or "auto"
+    return explicit or environment().image_runtime or "auto"
