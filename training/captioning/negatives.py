@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from training import choices
+
 
 class NegativeSampler:
     def __init__(self, ranked: np.ndarray | None, caption_image: np.ndarray, pool_size: int, *, mode: str = "moderate",
                  h_min: int = 10, h_max: int = 100):
         """``ranked`` (n_labelled_captions, ≥ h_max): pool positions best first (None for ``random``);
         ``caption_image`` (n_labelled_captions,): the labelled image (0..n_labelled−1) of each caption."""
-        if mode not in ("moderate", "random", "hardest"):
-            raise ValueError(f"unknown negative mining {mode!r}; choose moderate, random or hardest")
+        if mode not in choices.names(choices.SamplingNegatives):
+            raise ValueError(f"unknown negative mining {mode!r}; choose one of: "
+                             f"{', '.join(choices.names(choices.SamplingNegatives))}")
         self.mode, self.pool_size = mode, pool_size
         self.lo, self.hi = min(h_min, pool_size) - 1, min(h_max, pool_size)
         self.ranked = ranked

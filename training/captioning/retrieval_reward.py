@@ -18,12 +18,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from training import choices
 from training.models.dual_encoder import DualEncoder
 from training.models.text_encoder import GRUTextEncoder, move_batch
 
 log = logging.getLogger(__name__)
 
-LOSSES = ("vse_max", "vse_sum", "softmax")
+LOSSES = choices.names(choices.RetrievalLoss)
 
 
 def retrieval_loss(sims: torch.Tensor, own: torch.Tensor, kind: str = "vse_max", *, margin: float = 0.2,

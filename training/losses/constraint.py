@@ -56,9 +56,11 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from training import choices
+
 logger = logging.getLogger(__name__)
 
-COMBINE_MODES = ("none", "dual", "constraint", "replay")
+COMBINE_MODES = choices.names(choices.CombineMode)
 
 
 class LossCombiner(nn.Module):

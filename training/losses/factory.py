@@ -18,13 +18,15 @@ from typing import Callable
 import torch.nn as nn
 from torch import Tensor
 
+from training import choices
+
 from .ifm import IFMLoss
 from .infonce import InfoNCELoss
 from .order import OrderLoss, order_similarity
 from .triplet import MaxHingeLoss, SumHingeLoss
 
-CONTRASTIVE_LOSSES = ("infonce", "triplet", "mh", "sh", "ifm", "order")
-SIMILARITIES = ("cosine", "order")
+CONTRASTIVE_LOSSES = choices.names(choices.ContrastiveLoss)
+SIMILARITIES = choices.names(choices.Similarity)
 
 _SIMILARITY_OF = {name: "cosine" for name in CONTRASTIVE_LOSSES} | {"order": "order"}
 
