@@ -14,6 +14,7 @@ from indexer.metrics import REPORT_KEYS, ndcg_key
 from training.checkpoint import load_checkpoint, sha256_file
 from training.config import Config
 from training.config_base import ConfigError, load_saved
+from training.errors import UserFileExists
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ def _state(cfg, run_dir: Path, finished: Callable[[Path], bool]) -> str:
 def _ensure(state: str, run_dir: Path, what: str, train: Callable[[bool], object]) -> Path:
     """The run's best.pt: ``train(resume)`` unless the run is done; a conflicting folder is refused."""
     if state == "conflict":
-        raise FileExistsError(f"{run_dir} holds a {what} with a different config; delete it or choose another output folder")
+        raise UserFileExists(f"{run_dir} holds a {what} with a different config; delete it or choose another output folder")
     if state == "done":
         log.info("reusing finished %s %s", what, run_dir)
     else:

@@ -17,6 +17,7 @@ from indexer.embed import embed_captions, embed_image_features, embed_image_file
 from indexer.index import (IndexDir, IndexDirError, Modality, append_to_index_dir, check_target, inside_roots,
                            open_for_append, relative_to_index, save_index_dir)
 from training.checkpoint import load_checkpoint, model_from_checkpoint, versions
+from training.errors import UserValueError
 from training.fsio import sha256_file
 from training.losses.objective import describe_loss
 from training.data.karpathy import Split, image_folders, load_karpathy
@@ -188,7 +189,7 @@ def _drop_shards(ray) -> None:
 def _new_images(folder: Path, known_images: set[str]) -> list[tuple[Path, str]]:
     files = image_files(folder)
     if not files:
-        raise ValueError(f"no image files ({', '.join(sorted(IMAGE_EXTS))}) under {folder}")
+        raise UserValueError(f"no image files ({', '.join(sorted(IMAGE_EXTS))}) under {folder}")
     seen, new = set(known_images), []
     for p in files:
         d = sha256_file(p)
@@ -203,7 +204,7 @@ def _new_images(folder: Path, known_images: set[str]) -> list[tuple[Path, str]]:
 def _new_texts(path: Path, known_texts: set[str]) -> list[str]:
     all_texts = read_captions_file(path)
     if not all_texts:
-        raise ValueError(f"{path} has no captions (one per line expected)")
+        raise UserValueError(f"{path} has no captions (one per line expected)")
     texts = [t for t in dict.fromkeys(all_texts) if t not in known_texts] if known_texts else all_texts
     if len(texts) < len(all_texts) and known_texts:
         log.info("%d of %d captions are already in the index: skipped", len(all_texts) - len(texts), len(all_texts))

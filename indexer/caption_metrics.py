@@ -21,6 +21,7 @@ import numpy as np
 
 from indexer.ptb_tokenize import tokenize_for_eval
 from training.data.karpathy import tokenize
+from training.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ SPICE_UNSUPPORTED = ("SPICE is not computed: pycocoevalcap's SPICE downloads Sta
                      "run time, and this project never downloads anything at run time")
 
 
-class CaptionMetricsError(RuntimeError):
+class CaptionMetricsError(UserError, RuntimeError):
     """pycocoevalcap is missing or the inputs do not line up."""
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from training.errors import UserFileNotFound, UserValueError
+
 IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
 
 
@@ -16,17 +18,17 @@ def check_corpus_inputs(images_dir: str | Path | None, captions_file: str | Path
     """Fail before any model loads: the folder and the captions file must exist and hold something
     (``images_flag``: how the command names the folder, for the message)."""
     if not images_dir and not captions_file:
-        raise ValueError("a corpus index needs --images-dir and/or --captions-file")
+        raise UserValueError("a corpus index needs --images-dir and/or --captions-file")
     if images_dir:
         folder = Path(images_dir)
         if not folder.is_dir():
-            raise FileNotFoundError(f"{images_flag}: folder not found: {folder}")
+            raise UserFileNotFound(f"{images_flag}: folder not found: {folder}")
         if not any(p.is_file() and p.suffix.lower() in IMAGE_EXTS for p in folder.rglob("*")):
-            raise ValueError(f"{images_flag}: no image files ({', '.join(sorted(IMAGE_EXTS))}) under {folder}")
+            raise UserValueError(f"{images_flag}: no image files ({', '.join(sorted(IMAGE_EXTS))}) under {folder}")
     if captions_file:
         path = Path(captions_file)
         if not path.is_file():
-            raise FileNotFoundError(f"--captions-file: file not found: {path}")
+            raise UserFileNotFound(f"--captions-file: file not found: {path}")
 
 
 def image_files(folder: Path) -> list[Path]:

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from indexer.vector_index import IndexDirError, VectorIndex
+from training.errors import UserFileExists, UserFileNotFound
 from training.fsio import is_stale_temp, remove_stale_temps, save_npy_atomic, sha256_file, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -188,17 +189,17 @@ def check_target(path: Path, overwrite: bool) -> dict | None:
     if not path.exists():
         return None
     if not path.is_dir():
-        raise FileExistsError(f"{path} exists and is not a folder")
+        raise UserFileExists(f"{path} exists and is not a folder")
     if (path / "manifest.json").is_file():
         if not overwrite:
-            raise FileExistsError(f"{path} already exists; pass --overwrite to replace it or --append to add to it")
+            raise UserFileExists(f"{path} already exists; pass --overwrite to replace it or --append to add to it")
         try:
             return read_manifest(path)
         except IndexDirError:
             return None  # an unreadable manifest: replace it like a new build
     foreign = [p.name for p in path.iterdir() if not (_ours(p.name) or is_stale_temp(p))]
     if foreign:
-        raise FileExistsError(f"{path} exists and holds files that are not an index ({', '.join(sorted(foreign)[:3])}…);"
+        raise UserFileExists(f"{path} exists and holds files that are not an index ({', '.join(sorted(foreign)[:3])}…);"
                               " choose another --out")
     return None  # an interrupted first build: its leftovers are collected below
 
@@ -265,7 +266,7 @@ def _verify_files(path: Path, manifest: dict, hashes: bool) -> None:
         try:
             size = p.stat().st_size
         except FileNotFoundError:
-            raise FileNotFoundError(f"{path}: {p.name} is missing") from None
+            raise UserFileNotFound(f"{path}: {p.name} is missing") from None
         if size != entry.get("bytes"):
             raise IndexDirError(f"{path}: {p.name} is {size:,} bytes, the manifest says {entry.get('bytes')!r} "
                                 "(torn or replaced); rebuild the index")
@@ -346,7 +347,7 @@ def resolve_checkpoint(index_path: str | Path, manifest: dict, override: str | P
         if c.is_file():
             return c.resolve()
     tried = ", ".join(str(c) for c in candidates) or "none recorded"
-    raise FileNotFoundError(f"the checkpoint of index {index_path} is missing (looked at: {tried}); if it moved, "
+    raise UserFileNotFound(f"the checkpoint of index {index_path} is missing (looked at: {tried}); if it moved, "
                             f"serve it as --model NAME={index_path}@/path/to/checkpoint.pt")
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from training.errors import UserFileNotFound, UserValueError
+
 ALPHAS = (0.01, 0.1, 1.0, 10.0, 100.0)
 
 
@@ -43,7 +45,7 @@ def mean_cosine(pred: np.ndarray, true: np.ndarray) -> float:
 def probe(x_fit: np.ndarray, y_fit: np.ndarray, x_eval: np.ndarray, y_eval: np.ndarray) -> dict:
     """Ridge probe fitted on (x_fit, y_fit), scored on (x_eval, y_eval); alpha chosen on the fit rows' last fifth."""
     if len(x_fit) < 5:
-        raise ValueError(f"a probe needs at least 5 fitting rows, got {len(x_fit)}")
+        raise UserValueError(f"a probe needs at least 5 fitting rows, got {len(x_fit)}")
     cut = len(x_fit) - max(2, len(x_fit) // 5)
     held = {a: mean_cosine(ridge_predict(x_fit[cut:], ridge_fit(x_fit[:cut], y_fit[:cut], a)), y_fit[cut:])
             for a in ALPHAS}
@@ -61,7 +63,7 @@ def index_targets(ix, target_model: str = "", cache_dir: str = "", show_progress
     from training.targets import compute_targets
 
     if not ix.has_ground_truth:
-        raise ValueError(f"{ix.path}: a probe needs an index of a dataset split (captions linked to their images)")
+        raise UserValueError(f"{ix.path}: a probe needs an index of a dataset split (captions linked to their images)")
     texts = ix.captions.meta["texts"]
     cap_t = compute_targets(texts, target_model, cache_dir=cache_dir, show_progress=show_progress)
     img_t = np.stack([cap_t[list(links)].mean(axis=0) for links in ix.images.meta["captions"]])
@@ -75,7 +77,7 @@ def probe_indexes(fit_dir: str | Path, eval_dir: str | Path, target_model: str =
 
     fit, ev = load_index_dir(fit_dir), load_index_dir(eval_dir)
     if fit.manifest.get("checkpoint_sha256") != ev.manifest.get("checkpoint_sha256"):
-        raise ValueError(f"{fit_dir} and {eval_dir} were built by different checkpoints: a probe reads one model")
+        raise UserValueError(f"{fit_dir} and {eval_dir} were built by different checkpoints: a probe reads one model")
     (fc, fi), (ec, ei) = (index_targets(i, target_model, cache_dir, show_progress) for i in (fit, ev))
     out = {"captions": probe(np.asarray(fit.captions.vectors), fc, np.asarray(ev.captions.vectors), ec),
            "images": probe(np.asarray(fit.images.vectors), fi, np.asarray(ev.images.vectors), ei)}
@@ -90,7 +92,7 @@ def probe_grid(grid_dir: str | Path, fit_split: str = "val", eval_split: str = "
     splits): one row per cell with the seeds' mean and sample std of the caption- and image-side cosines."""
     root = Path(grid_dir) / "indexes"
     if not root.is_dir():
-        raise FileNotFoundError(f"{root}: not an `ltd experiment` output folder (no indexes/)")
+        raise UserFileNotFound(f"{root}: not an `ltd experiment` output folder (no indexes/)")
     rows = []
     for cell in sorted(p for p in root.iterdir() if p.is_dir()):
         seeds = sorted(d for d in cell.glob("seed*") if (d / fit_split).is_dir() and (d / eval_split).is_dir())

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from indexer import shards as sh
+from training.errors import Unavailable
 from training.progress import progress
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,7 @@ def _run(todo: list[sh.Shard], items: dict[str, list[str]], folder: Path, checkp
     try:
         import ray
     except ImportError:
-        raise RuntimeError("--engine ray needs Ray: pip install 'ltd-retrieval[ray]'") from None
+        raise Unavailable("--engine ray needs Ray: pip install 'ltd-retrieval[ray]'") from None
     cores = os.cpu_count() or 1
     threads = opts.threads or (max(1, cores // opts.workers) if opts.address is None else 1)
     t_start = time.time()
@@ -186,7 +187,7 @@ def ray_embed(checkpoint: str | Path, checkpoint_sha256: str, image_paths: list[
         _run(todo, items, folder, Path(checkpoint), opts, device, runtime, show_progress)
     missing = [s.name for s in shards if not (folder / s.name).is_file()]
     if missing:
-        raise RuntimeError(f"the Ray run finished without shards {', '.join(missing[:3])}…; run the command again")
+        raise Unavailable(f"the Ray run finished without shards {', '.join(missing[:3])}…; run the command again")
     ids, img, failed = sh.read_shards(folder, shards, "images", dim)
     order = np.argsort(ids, kind="stable")
     _, txt, _ = sh.read_shards(folder, shards, "captions", dim)

@@ -10,6 +10,7 @@ import numpy as np
 from indexer.index import IndexDir, IndexDirError
 from training.data.coco import eccv_data_dir
 from training.data.karpathy import DatasetError
+from training.errors import UserFileNotFound
 from training.fsio import save_npy_atomic
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ def file_relevance(path: str | Path, n_captions: int, n_images: int) -> np.ndarr
     """A TERN-format relevance matrix: float32 (captions × images), as ``.npy`` or raw float32 bytes."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"relevance file not found: {path}")
+        raise UserFileNotFound(f"relevance file not found: {path}")
     if path.suffix == ".npy":
         rel = np.load(path, mmap_mode="r")
     else:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from training.errors import UserFileExists
 from training.fsio import atomic_path, remove_stale_temps, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def open_shard_dir(folder: Path, plan: dict) -> Path:
             shutil.rmtree(folder)
     elif folder.exists() and any(folder.iterdir()):
         if not all(p.suffix == ".npz" or p.name.startswith(".") for p in folder.iterdir()):
-            raise FileExistsError(f"{folder} exists and is not a shard folder; choose another --shards")
+            raise UserFileExists(f"{folder} exists and is not a shard folder; choose another --shards")
     folder.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(folder)
     write_json_atomic(folder / "plan.json", plan)

@@ -9,6 +9,7 @@ import torch
 from indexer.embed import embed_captions, embed_image_features, embed_image_files, similarity_matrix
 from indexer.metrics import retrieval_metrics
 from training.data.karpathy import Split
+from training.errors import Unavailable
 from training.models.dual_encoder import DualEncoder
 
 
@@ -29,7 +30,7 @@ def make_validator(split: Split, texts: list[str], image_feats: torch.Tensor | N
         else:
             img, failed = embed_image_files(model, paths)
             if failed:
-                raise RuntimeError(f"validation images unreadable: {list(failed.values())[:3]}")
+                raise Unavailable(f"validation images unreadable: {list(failed.values())[:3]}")
         m = retrieval_metrics(similarity_matrix(model, img, txt), c2i)
         return {k: float(v) for k, v in m.items() if isinstance(v, (int, float, np.floating, np.integer))}
 

@@ -13,12 +13,13 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from training.errors import UserError
 from training.fsio import atomic_path
 
 log = logging.getLogger(__name__)
 
 
-class IndexDirError(ValueError):
+class IndexDirError(UserError, ValueError):
     """An index (directory) that cannot be used as asked: mismatch, corrupt, torn, wrong arguments."""
 
 

@@ -29,6 +29,7 @@ from indexer.index import (
     resolve_checkpoint,
 )
 from search.errors import NotFound, NotReady
+from training.errors import Unavailable, UserValueError
 from training.fsio import sha256_file
 from training.models.dual_encoder import DualEncoder
 
@@ -101,7 +102,7 @@ class ModelRegistry:
                  device: str = "cpu", verify: str = "hash", on_loaded: Callable[[ModelEntry], None] | None = None,
                  before_load: Callable[[], None] | None = None):
         if not models:
-            raise ValueError("no models given: pass at least one NAME=INDEX_DIR")
+            raise UserValueError("no models given: pass at least one NAME=INDEX_DIR")
         self.specs = {n: Path(p) for n, p in models.items()}
         self.checkpoints = {n: Path(p) for n, p in (checkpoints or {}).items()}
         self.device, self.verify, self.on_loaded, self.before_load = device, verify, on_loaded, before_load
@@ -123,7 +124,7 @@ class ModelRegistry:
             if not self.ready.is_set():
                 self._load_all()
         if self.load_error:
-            raise RuntimeError(self.load_error)
+            raise Unavailable(self.load_error)
 
     def _load_all(self) -> None:
         if self.before_load is not None:  # what loads with the models (the captioners), in the same thread

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from search import analysis
 from search.captioning import CaptionerRegistry, CorpusCider, image_rank
@@ -51,13 +51,17 @@ class SearchConfig(Section):
     # for very large indexes; logged).
     verify_index: VerifyIndex = "hash"
 
+    @model_validator(mode="after")
+    def _quantize_on_cpu(self) -> SearchConfig:
+        if self.text_quantize and self.device != "cpu":
+            raise ValueError("text_quantize (int8 dynamic quantisation) runs on the CPU only")
+        return self
+
 
 class SearchService:
     def __init__(self, models: dict[str, str | Path], *, checkpoints: dict[str, str | Path] | None = None,
                  config: SearchConfig | None = None, captioners: dict[str, str | Path] | None = None):
         self.config = config = config or SearchConfig()
-        if config.text_quantize and config.device != "cpu":
-            raise ValueError("text_quantize (int8 dynamic quantisation) runs on the CPU only")
         self.encoder = QueryEncoder(cache_size=config.text_cache, batching=config.text_batching,
                                     max_batch=config.max_text_batch, quantize=config.text_quantize)
         self.captioners = CaptionerRegistry(captioners, config.device)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from training.config import Config, config_from_dict
+from training.errors import UserError, UserFileNotFound
 from training.fsio import atomic_path, remove_stale_temps, sha256_file  # noqa: F401 (sha256_file re-exported)
 from training.data.vocab import Vocab
 from training.models.dual_encoder import DualEncoder, build_model
@@ -46,7 +47,7 @@ def versions() -> dict:
             "python": platform.python_version(), "faiss": getattr(faiss, "__version__", "?")}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A file that is not a loadable LTD checkpoint (or not one that can be loaded safely)."""
 
 
@@ -142,7 +143,7 @@ def load_checkpoint(path: str | Path, *, required: tuple[str, ...] = ("model", "
     """Load without executing anything the file contains (see the module docstring)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
+        raise UserFileNotFound(f"checkpoint not found: {path}")
     try:
         with torch.serialization.safe_globals(_legacy_globals()):
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
@@ -173,7 +174,7 @@ def model_from_checkpoint(ckpt: dict | str | Path, device: str | torch.device = 
     excluded = ckpt.get("excluded_prefixes", [] if ckpt.get("backbone_in_state") else [BACKBONE_PREFIX])
     bad = [k for k in missing if not any(k.startswith(p) for p in excluded)] + list(unexpected)
     if bad:
-        raise ValueError(f"checkpoint does not match the model it describes: {bad[:5]}")
+        raise CheckpointError(f"checkpoint does not match the model it describes: {bad[:5]}")
     if ckpt.get("backbone_trained"):
         model.image.frozen = True  # inference uses the fast frozen path with the fine-tuned weights
     return model.to(device).eval(), vocab, cfg

@@ -23,3 +23,8 @@ class UserFileNotFound(UserError, FileNotFoundError):
 
 class UserFileExists(UserError, FileExistsError):
     """An output the user named is already there (and overwriting it was not asked for)."""
+
+
+class Unavailable(UserError, RuntimeError):
+    """Something the command needs is not there on this machine: a device, an optional package, a
+    model that loads."""

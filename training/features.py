@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from training.errors import Unavailable, UserFileNotFound, UserValueError
 from training.progress import progress
 
 from training.env import default_cache_dir
@@ -115,7 +116,7 @@ def _extract_into(root: Path, backbone: Backbone, paths: list[Path], n_views: in
         feats = np.lib.format.open_memmap(fpath, mode="r+")
         status = np.lib.format.open_memmap(spath, mode="r+")
         if feats.shape != (n, n_views, dim) or status.shape != (n,):
-            raise RuntimeError(f"feature cache {root} has an unexpected shape; delete the folder and retry")
+            raise Unavailable(f"feature cache {root} has an unexpected shape; delete the folder and retry")
     else:
         feats = np.lib.format.open_memmap(fpath.with_suffix(".tmp.npy"), mode="w+", dtype=np.float16,
                                           shape=(n, n_views, dim))
@@ -157,27 +158,27 @@ def load_precomputed(path: str | Path, image_ids: Sequence[int], filenames: Sequ
     ``.npz`` with ``features`` and ``ids`` (image ids or file names) in any order."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"precomputed features not found: {path}")
+        raise UserFileNotFound(f"precomputed features not found: {path}")
     if path.suffix == ".npz":
         z = np.load(path, allow_pickle=False)
         if "features" not in z or "ids" not in z:
-            raise ValueError(f"{path}: an .npz needs arrays 'features' and 'ids'")
+            raise UserValueError(f"{path}: an .npz needs arrays 'features' and 'ids'")
         feats, ids = z["features"], z["ids"]
         lookup = {(str(k) if ids.dtype.kind in "US" else int(k)): i for i, k in enumerate(ids)}
         keys = list(filenames) if ids.dtype.kind in "US" else list(image_ids)
         missing = [k for k in keys if k not in lookup]
         if missing:
-            raise ValueError(f"{path}: no features for {len(missing)} images (first: {missing[0]})")
+            raise UserValueError(f"{path}: no features for {len(missing)} images (first: {missing[0]})")
         feats = feats[[lookup[k] for k in keys]]
     else:
         feats = np.load(path, mmap_mode="r")
         if feats.shape[0] != len(image_ids):
-            raise ValueError(f"{path}: {feats.shape[0]} rows but the dataset has {len(image_ids)} images "
+            raise UserValueError(f"{path}: {feats.shape[0]} rows but the dataset has {len(image_ids)} images "
                              "(an .npy must follow the dataset's image order; use an .npz with ids otherwise)")
     if feats.ndim == 2:
         feats = feats[:, None, :]
     if feats.ndim != 3:
-        raise ValueError(f"{path}: expected (N, D) or (N, V, D) features, got shape {feats.shape}")
+        raise UserValueError(f"{path}: expected (N, D) or (N, V, D) features, got shape {feats.shape}")
     return FeatureStore(features=np.asarray(feats, dtype=np.float16), key=f"precomputed:{path.name}", path=path)
 
 

@@ -32,6 +32,7 @@ from training.checkpoint import (
 )
 from training.config import Config, dump_config
 from training.data.image_batches import AugmentedImageBatches
+from training.errors import Unavailable, UserFileExists, UserValueError
 from training.losses.objective import TrainingObjective
 from training.models.backbones import cpu_bf16_fast
 from training.models.dual_encoder import DualEncoder, build_model
@@ -135,7 +136,7 @@ def open_run_dir(run_dir: Path, resume: bool) -> dict | None:
     """The checkpoint to resume from (None: a new run); refuses to overwrite a run without ``resume``."""
     ckpt_path = run_dir / "checkpoint.pt"
     if ckpt_path.exists() and not resume:
-        raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
+        raise UserFileExists(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
     ckpt = load_checkpoint(ckpt_path) if resume and ckpt_path.exists() else None
     if resume and ckpt is None:
         log.warning("--resume: no checkpoint in %s, starting a new run", run_dir)
@@ -155,7 +156,7 @@ def set_up(cfg: Config, data: TrainingData, device: torch.device, run_dir: Path,
     optimizer, backbone_params = build_optimizer(model, cfg)
     steps_per_epoch = len(epoch_batches(tc.seed, 0, len(data.train_texts), tc.batch_size))
     if not steps_per_epoch:
-        raise ValueError(f"train split has {len(data.train_texts)} captions: fewer than 2, nothing to train on")
+        raise UserValueError(f"train split has {len(data.train_texts)} captions: fewer than 2, nothing to train on")
     total_steps = steps_per_epoch * tc.epochs
     objective = TrainingObjective(cfg.loss, total_steps=total_steps, vocab=data.vocab,
                                   max_caption_len=cfg.data.max_caption_len)
@@ -211,7 +212,7 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device=cuda but no CUDA device is available")
+        raise Unavailable("train.device=cuda but no CUDA device is available")
     return torch.device(name)
 
 

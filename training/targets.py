@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from training.env import default_cache_dir
+from training.errors import UserFileNotFound, UserValueError
 from training.fsio import exclusive, save_npy_atomic
 from training.progress import bars
 from training.models.backbones import cpu_bf16_fast
@@ -45,7 +46,7 @@ def resolve_sentence_model(path: str = "") -> Path:
         return glove_mean_path()
     p = Path(path).expanduser()
     if not (p / "modules.json").is_file() and not (p / "config.json").is_file():
-        raise FileNotFoundError(
+        raise UserFileNotFound(
             f"sentence model {path!r} is not a local sentence-transformers folder (no modules.json/config.json); "
             "models are never downloaded: pass a folder on disk, '' for the packaged all-MiniLM-L6-v2 or "
             "'all-mpnet-base-v2' (extra [mpnet]) or 'glove-mean' (Flickr-clean: mean GloVe vector)"
@@ -109,7 +110,7 @@ def _compute(texts: Sequence[str], path: Path, model_path: str, out: Path, batch
         if max_seq_length:
             model.max_seq_length = min(model.max_seq_length, int(max_seq_length))
     elif max_seq_length and model.max_seq_length != max_seq_length:
-        raise ValueError(f"the model truncates at {model.max_seq_length} word pieces, not {max_seq_length}")
+        raise UserValueError(f"the model truncates at {model.max_seq_length} word pieces, not {max_seq_length}")
     # bf16 autocast doubles CPU throughput on CPUs with native bf16 (cosine to fp32 > 0.9999).
     ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if device == "cpu" and cpu_bf16_fast()
            else torch.autocast("cpu", enabled=False))

@@ -11,6 +11,8 @@ import logging
 import os
 from pathlib import Path
 
+from training.errors import UserFileNotFound, UserValueError
+
 log = logging.getLogger("ltd.caption")
 
 
@@ -59,12 +61,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 def _require_file(path: str | None, what: str) -> None:
     if path and not Path(path).is_file():
-        raise FileNotFoundError(f"{what} not found: {path}")
+        raise UserFileNotFound(f"{what} not found: {path}")
 
 
 def _check_beam(beam: int) -> None:
     if not 1 <= beam <= 50:
-        raise ValueError(f"--beam must be between 1 and 50, got {beam}")
+        raise UserValueError(f"--beam must be between 1 and 50, got {beam}")
 
 
 def cmd_caption_train(args: argparse.Namespace) -> int:
@@ -94,7 +96,7 @@ def cmd_caption_eval(args: argparse.Namespace) -> int:
     _require_file(args.retrieval, "retrieval checkpoint")
     _check_beam(args.beam)
     if args.max_images < 0:
-        raise ValueError("--max-images must be >= 0")
+        raise UserValueError("--max-images must be >= 0")
     from app.cli.serve import parse_captioners
     from indexer.caption_eval import evaluate_captioner, write_caption_report
 

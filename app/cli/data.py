@@ -5,6 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
+from training.errors import UserValueError
+
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("data", parents=[common], help="inspect, generate and convert datasets")
@@ -148,7 +150,7 @@ def cmd_convert_flickr(args: argparse.Namespace) -> int:
     splits = {}
     for item in args.split_file:
         if "=" not in item:
-            raise ValueError(f"--split-file expects SPLIT=FILE, got {item!r}")
+            raise UserValueError(f"--split-file expects SPLIT=FILE, got {item!r}")
         k, v = item.split("=", 1)
         splits[k] = Path(v)
     res = convert_flickr(args.tokens, args.images_root, args.out, split_files=splits,

@@ -23,6 +23,8 @@ import re
 import time
 from pathlib import Path
 
+from training.errors import UserValueError
+
 log = logging.getLogger("ltd.demo")
 
 # kind -> (baseline preset, LTD preset); "synthetic_svl" is the scenes with --shortcuts
@@ -81,7 +83,7 @@ def choose_dataset(args: argparse.Namespace) -> tuple[str, str]:
     (``synthetic_svl`` with ``--shortcuts``, which always means the scenes)."""
     if args.shortcuts:
         if args.dataset:
-            raise ValueError("--shortcuts is the synthetic scenes' SVL setting; drop --dataset (or train your "
+            raise UserValueError("--shortcuts is the synthetic scenes' SVL setting; drop --dataset (or train your "
                              "dataset with shortcuts through `ltd experiment`, e.g. grids/flickr8k_svl.yaml)")
         return "synthetic_svl", ""
     if args.dataset:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from training.errors import UserValueError
+
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("experiment", parents=[common], help="run a resumable grid of train → index → eval (seeds, sweeps, shortcuts)")
@@ -20,7 +22,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     from app.grid import load_grid
 
     if args.jobs < 1:
-        raise ValueError("--jobs must be at least 1")
+        raise UserValueError("--jobs must be at least 1")
     grid = load_grid(args.config, args.set)
     out = Path(args.out) if args.out else Path("experiments") / grid.name
     res = run_grid(grid, out, n_jobs=args.jobs)

@@ -6,6 +6,8 @@ import logging
 import json
 from pathlib import Path
 
+from training.errors import UserFileNotFound, UserValueError
+
 log = logging.getLogger("ltd.index")
 
 
@@ -76,14 +78,14 @@ def check_index_args(args: argparse.Namespace) -> str:
 
     corpus = args.images_dir or args.captions_file
     if args.dataset and corpus:
-        raise ValueError("give either --dataset (a split with ground truth) or --images-dir/--captions-file (a corpus)")
+        raise UserValueError("give either --dataset (a split with ground truth) or --images-dir/--captions-file (a corpus)")
     if not args.dataset and not corpus:
-        raise ValueError("nothing to index: give --dataset (and --split) or --images-dir/--captions-file")
+        raise UserValueError("nothing to index: give --dataset (and --split) or --images-dir/--captions-file")
     if not Path(args.checkpoint).is_file():
-        raise FileNotFoundError(f"--checkpoint: file not found: {args.checkpoint}")
+        raise UserFileNotFound(f"--checkpoint: file not found: {args.checkpoint}")
     if args.append:
         if not corpus:
-            raise ValueError("--append adds a corpus (--images-dir/--captions-file) to an existing index")
+            raise UserValueError("--append adds a corpus (--images-dir/--captions-file) to an existing index")
         read_manifest(args.out)  # must already be an index
     else:
         check_target(Path(args.out), args.overwrite)
@@ -91,7 +93,7 @@ def check_index_args(args: argparse.Namespace) -> str:
         check_corpus_inputs(args.images_dir, args.captions_file)
         return "append" if args.append else "corpus"
     if not Path(args.dataset).exists():
-        raise FileNotFoundError(f"--dataset: not found: {args.dataset}")
+        raise UserFileNotFound(f"--dataset: not found: {args.dataset}")
     return "dataset"
 
 
@@ -104,7 +106,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     ray = None
     if args.engine == "ray":
         if mode == "append":
-            raise ValueError("--append runs on the local engine only (drop --engine ray)")
+            raise UserValueError("--append runs on the local engine only (drop --engine ray)")
         from indexer.ray_engine import RayOptions
 
         out = Path(args.out)
@@ -145,7 +147,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from indexer.index import load_index_dir
 
     if len(args.index) != 2:
-        raise ValueError("compare needs exactly two --index arguments (A then B)")
+        raise UserValueError("compare needs exactly two --index arguments (A then B)")
     a, b = (load_index_dir(p) for p in args.index)
     dirs = ("t2i", "i2t") if args.direction == "both" else (args.direction,)
     rows = compare_indexes(a, b, relevance=not args.no_relevance, directions=dirs)
@@ -160,10 +162,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     if args.grid:
         if args.fit or args.eval:
-            raise ValueError("give either --grid or --fit and --eval")
+            raise UserValueError("give either --grid or --fit and --eval")
         print(grid_markdown(probe_grid(args.grid, target_model=args.target_model)))
         return 0
     if not (args.fit and args.eval):
-        raise ValueError("--fit and --eval are both needed (or --grid)")
+        raise UserValueError("--fit and --eval are both needed (or --grid)")
     print(json.dumps(probe_indexes(args.fit, args.eval, target_model=args.target_model), indent=1))
     return 0

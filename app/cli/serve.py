@@ -18,6 +18,8 @@ from pathlib import Path
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from training.errors import UserFileNotFound, UserValueError
+
 log = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -97,7 +99,7 @@ def bind_policy(host: str, expose: bool, extra_hosts: list[str], token: str | No
     if is_loopback(host):
         return ["localhost", "127.0.0.1", "::1", *extra_hosts]
     if not expose:
-        raise ValueError(f"--host {host} makes the server reachable from other machines; add --expose to do that on "
+        raise UserValueError(f"--host {host} makes the server reachable from other machines; add --expose to do that on "
                          "purpose (and set LTD_API_TOKEN to require a token), or keep the default 127.0.0.1")
     if not token:
         log.warning("serving on %s WITHOUT a token: anyone who can reach this port can use the API and UI "
@@ -115,23 +117,23 @@ def parse_models(specs: list[str]) -> tuple[dict[str, str], dict[str, str]]:
         name, path = name.strip(), path.strip()
         path, at, ckpt = path.partition("@")
         if not sep or not name or not path or (at and not ckpt):
-            raise ValueError(f"--model {spec!r}: expected NAME=INDEX_DIR or NAME=INDEX_DIR@CHECKPOINT, "
+            raise UserValueError(f"--model {spec!r}: expected NAME=INDEX_DIR or NAME=INDEX_DIR@CHECKPOINT, "
                              "e.g. --model ltd=indexes/ltd")
         if not NAME_RE.match(name):
-            raise ValueError(f"--model {spec!r}: a name is 1-64 letters, digits, '_', '.' or '-' "
+            raise UserValueError(f"--model {spec!r}: a name is 1-64 letters, digits, '_', '.' or '-' "
                              "(it appears in URLs), starting with a letter or digit")
         if name in models:
-            raise ValueError(f"--model {spec!r}: the name {name!r} is given twice")
+            raise UserValueError(f"--model {spec!r}: the name {name!r} is given twice")
         d = Path(path).expanduser()
         if not d.is_dir():
-            raise FileNotFoundError(f"--model {spec!r}: index directory {d} does not exist (build it with `ltd index`)")
+            raise UserFileNotFound(f"--model {spec!r}: index directory {d} does not exist (build it with `ltd index`)")
         if not (d / "manifest.json").is_file():
-            raise ValueError(f"--model {spec!r}: {d} is not an index directory (no manifest.json); "
+            raise UserValueError(f"--model {spec!r}: {d} is not an index directory (no manifest.json); "
                              "build one with `ltd index`")
         if ckpt:
             c = Path(ckpt).expanduser()
             if not c.is_file():
-                raise FileNotFoundError(f"--model {spec!r}: checkpoint {c} does not exist")
+                raise UserFileNotFound(f"--model {spec!r}: checkpoint {c} does not exist")
             checkpoints[name] = str(c.resolve())
         models[name] = str(d.resolve())
     return models, checkpoints
@@ -143,11 +145,11 @@ def parse_captioners(specs: list[str], flag: str = "--captioner") -> dict[str, s
     for spec in specs:
         name, sep, path = (x.strip() for x in spec.partition("="))
         if not sep or not NAME_RE.match(name) or not path:
-            raise ValueError(f"{flag} {spec!r}: expected NAME=CHECKPOINT (a name of letters, digits, '_', '.', '-')")
+            raise UserValueError(f"{flag} {spec!r}: expected NAME=CHECKPOINT (a name of letters, digits, '_', '.', '-')")
         if name in out:
-            raise ValueError(f"{flag} {spec!r}: the name {name!r} is given twice")
+            raise UserValueError(f"{flag} {spec!r}: the name {name!r} is given twice")
         if not Path(path).expanduser().is_file():
-            raise FileNotFoundError(f"{flag} {spec!r}: checkpoint {path} does not exist")
+            raise UserFileNotFound(f"{flag} {spec!r}: checkpoint {path} does not exist")
         out[name] = str(Path(path).expanduser().resolve())
     return out
 
@@ -182,7 +184,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e} (another server running? pick another "
+        raise UserValueError(f"cannot listen on {host}:{port}: {e.strerror or e} (another server running? pick another "
                          "--port)") from None
     sock.set_inheritable(True)
     return sock
@@ -208,9 +210,9 @@ def serve(settings, *, host: str = "127.0.0.1", port: int = 8000, service=None, 
     from app.api.main import apply_thread_settings, create_app
 
     if workers < 1:
-        raise ValueError(f"--workers must be at least 1, got {workers}")
+        raise UserValueError(f"--workers must be at least 1, got {workers}")
     if workers > 1 and service is not None:
-        raise ValueError("several workers cannot share a service object; each worker loads its own models")
+        raise UserValueError("several workers cannot share a service object; each worker loads its own models")
     sock = bind_socket(host, port)
     limit_heap_retention()
     kw = dict(access_log=access_log, log_level=log_level, timeout_graceful_shutdown=5,
@@ -256,7 +258,7 @@ def _print_urls(host: str, port: int, ui: bool) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
-        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+        raise UserValueError(f"--port must be in 1..65535, got {args.port}")
     overrides: dict = {"ui": not args.no_ui, "verify_index": args.verify_index}
     if args.model:  # checked before the server's modules (torch, gradio) are imported
         overrides["models"], overrides["checkpoints"] = parse_models(args.model)
@@ -268,7 +270,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["device"] = args.device
     if args.torch_threads is not None:
         if args.torch_threads < 0:
-            raise ValueError("--torch-threads must be >= 0")
+            raise UserValueError("--torch-threads must be >= 0")
         overrides["torch_threads"] = args.torch_threads
     if args.no_text_cache:
         overrides["text_cache"] = 0
@@ -278,7 +280,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["text_quantize"] = True
     settings = load_settings(**overrides)  # LTD_* environment variables fill in the rest
     if not settings.models:
-        raise ValueError("no models: give --model NAME=INDEX_DIR (repeatable), or set LTD_MODELS")
+        raise UserValueError("no models: give --model NAME=INDEX_DIR (repeatable), or set LTD_MODELS")
     if not args.model:  # from LTD_MODELS: check them like flags
         settings.models, found = parse_models([f"{n}={p}" for n, p in settings.models.items()])
         settings.checkpoints = {**found, **settings.checkpoints}
@@ -288,7 +290,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for name, why in problems.items():
         log.error("model %s cannot be served: %s", name, why)
     if len(problems) == len(settings.models):
-        raise ValueError("no model can be served (see above)")
+        raise UserValueError("no model can be served (see above)")
     log.info("serving %s", ", ".join(f"{n}={p}" for n, p in settings.models.items()))
     return serve(settings, host=args.host, port=args.port, workers=args.workers, access_log=args.access_log,
                  log_level=args.log_level)

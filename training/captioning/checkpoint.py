@@ -15,6 +15,7 @@ from training.captioning.config import CaptionConfig, caption_config_from_dict
 from training.captioning.model import TopDownCaptioner, build_captioner
 from training.captioning.vocab import CaptionVocab
 from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from training.errors import UserValueError
 
 KIND = "ltd-captioner"
 REQUIRED = ("kind", "model", "config", "vocab", "feat_dim")
@@ -47,5 +48,5 @@ def captioner_from_checkpoint(ckpt: dict | str | Path, device: str | torch.devic
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
-        raise ValueError(f"checkpoint does not match the captioner it describes: {str(e)[:300]}") from None
+        raise UserValueError(f"checkpoint does not match the captioner it describes: {str(e)[:300]}") from None
     return model.to(device).eval(), vocab, cfg

@@ -32,6 +32,7 @@ from training.captioning.vocab import CaptionVocab, sequence_lengths
 from training.captioning.xe import epoch_captions, feedback_probability, xe_loss
 from training.checkpoint import sha256_file, versions
 from training.config import ConfigError, dump_config
+from training.errors import UserFileExists
 from training.loop import MetricsLog
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class CaptionRun:
             torch.set_num_threads(cfg.train.num_threads)
         self.ckpt_path, self.best_path = run_dir / "checkpoint.pt", run_dir / "best.pt"
         if self.ckpt_path.exists() and not resume:
-            raise FileExistsError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
+            raise UserFileExists(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
         ckpt = ckpt_io.load_caption_checkpoint(self.ckpt_path) if resume and self.ckpt_path.exists() else None
         init = ckpt_io.load_caption_checkpoint(cfg.train.init_from) if cfg.train.init_from and ckpt is None else None
         source = ckpt or init

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from training import choices
+from training.errors import UserValueError
 from training.models.dual_encoder import DualEncoder
 from training.models.text_encoder import GRUTextEncoder, move_batch
 
@@ -102,7 +103,7 @@ def load_judge(checkpoint: str | Path, dataset, caption_words: list[str], *, cac
     model, _, jcfg = model_from_checkpoint(ckpt, device=device)
     jcfg.data.cache_dir = cache_dir or jcfg.data.cache_dir
     if jcfg.data.shortcuts != "none":
-        raise ValueError(f"{checkpoint}: a judge trained with synthetic shortcuts ({jcfg.data.shortcuts}) "
+        raise UserValueError(f"{checkpoint}: a judge trained with synthetic shortcuts ({jcfg.data.shortcuts}) "
                          "scores the shortcut, not the caption; use one trained with data.shortcuts=none")
     backbone = getattr(model.image, "backbone", None)
     store, _ = image_features(jcfg, dataset, backbone, show_progress=show_progress, device=device)

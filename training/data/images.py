@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from training.errors import UserError
+
 if TYPE_CHECKING:  # torch is imported where tensors are made, so `ltd` can check its inputs without it
     import torch
 
@@ -25,7 +27,7 @@ ALLOWED_FORMATS = {"JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF", "MPO"}
 Image.MAX_IMAGE_PIXELS = MAX_PIXELS
 
 
-class ImageError(ValueError):
+class ImageError(UserError, ValueError):
     """An image that cannot be used (not an image, truncated, too large, unsupported)."""
 
 

@@ -22,6 +22,8 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from training.errors import UserError
+
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
@@ -31,7 +33,7 @@ _TOKEN_RE = re.compile(r"[a-z0-9]+")
 _DRIVE = re.compile(r"^[A-Za-z]:")
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError, ValueError):
     """A dataset file that cannot be used, with a message that says what to fix."""
 
 

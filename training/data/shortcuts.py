@@ -31,6 +31,7 @@ import numpy as np
 from PIL import Image
 
 from training.data.karpathy import CaptionRecord, Dataset
+from training.errors import UserFileNotFound, UserValueError
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ class GlyphBank:
         self.by_digit = tuple(np.flatnonzero(self.labels == d) for d in range(10))
         missing = [d for d in range(10) if len(self.by_digit[d]) == 0]
         if missing:
-            raise ValueError(f"glyph source {source_id} has no samples of digit(s) {missing}")
+            raise UserValueError(f"glyph source {source_id} has no samples of digit(s) {missing}")
         self._patches: dict[tuple[int, int], np.ndarray] = {}
 
     def sample(self, digit: int, seed: int, image_index: int, position: int) -> int:
@@ -148,14 +149,14 @@ def _load_mnist(path: Path) -> tuple[np.ndarray, np.ndarray]:
         def find(stem: str) -> Path:
             hits = [p for p in (path / stem, path / f"{stem}.gz") if p.is_file()]
             if not hits:
-                raise FileNotFoundError(f"MNIST folder {path} has no {stem}[.gz]")
+                raise UserFileNotFound(f"MNIST folder {path} has no {stem}[.gz]")
             return hits[0]
         return _read_idx(find("train-images-idx3-ubyte")), _read_idx(find("train-labels-idx1-ubyte"))
     with np.load(path) as z:
         for xk, yk in (("x_train", "y_train"), ("images", "labels")):
             if xk in z and yk in z:
                 return z[xk], z[yk]
-    raise ValueError(f"{path}: expected arrays x_train/y_train (Keras mnist.npz) or images/labels")
+    raise UserValueError(f"{path}: expected arrays x_train/y_train (Keras mnist.npz) or images/labels")
 
 
 @lru_cache(maxsize=4)
@@ -169,7 +170,7 @@ def glyph_bank(source: str = "digits") -> GlyphBank:
         return GlyphBank(d.images / 16.0, d.target, "sklearn-digits")
     path = Path(source).expanduser().resolve()
     if not path.exists():
-        raise FileNotFoundError(f"glyph source {source!r}: no such file or folder (use 'digits' or an MNIST path)")
+        raise UserFileNotFound(f"glyph source {source!r}: no such file or folder (use 'digits' or an MNIST path)")
     x, y = _load_mnist(path)
     x = np.asarray(x, np.float32).reshape(len(x), 28, 28) / 255.0
     size = sum(p.stat().st_size for p in ([path] if path.is_file() else sorted(path.iterdir())))
@@ -203,7 +204,7 @@ def glyph_layout(width: int, height: int) -> GlyphLayout:
     side = min(glyph + 2 * pad, (width - 2 * margin) // N_DIGITS, height - 2 * margin)
     pad = min(pad, max(1, side // 8))
     if side - 2 * pad < 3:
-        raise ValueError(f"a {width}x{height} image is too small to draw {N_DIGITS} digit glyphs (use >= 32 px)")
+        raise UserValueError(f"a {width}x{height} image is too small to draw {N_DIGITS} digit glyphs (use >= 32 px)")
     gap = (width - 2 * margin - N_DIGITS * side) / (N_DIGITS - 1)
     xs = tuple(margin + round(k * (side + gap)) for k in range(N_DIGITS))
     return GlyphLayout(side=side, pad=pad, y=margin, xs=xs)
@@ -287,7 +288,7 @@ def apply_shortcuts(setting: str, ds: Dataset, seed: int = 0, *, evaluation: boo
     canonical = f"bits:{bits}" if kind == "bits" else kind
     n = len(ds.images)
     if kind in ("unique", "image_only", "caption_only") and n > 10**N_DIGITS:
-        raise ValueError(f"shortcut setting {canonical!r} numbers images by index, but {ds.name!r} has {n:,} "
+        raise UserValueError(f"shortcut setting {canonical!r} numbers images by index, but {ds.name!r} has {n:,} "
                          f"images (> 10^{N_DIGITS}); use bits:N")
     number_kind = "bits" if kind == "bits" else ("none" if kind == "none" else "unique")
     on_images = kind in ("unique", "image_only", "bits")

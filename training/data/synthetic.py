@@ -26,6 +26,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+from training.errors import UserValueError
 from training.progress import progress
 
 from training.data.synthetic_render import render_scene
@@ -77,22 +78,22 @@ def _validate(n_images, seed, image_size, val_fraction, test_fraction, workers) 
         return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
     if not is_int(n_images) or n_images < 10:
-        raise ValueError(
+        raise UserValueError(
             f"n_images must be an integer >= 10 (so train, val and test are all non-empty), got {n_images!r}"
         )
     if not is_int(seed) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        raise UserValueError(f"seed must be a non-negative integer, got {seed!r}")
     if not is_int(image_size) or not 32 <= image_size <= 1024:
-        raise ValueError(f"image_size must be an integer in [32, 1024], got {image_size!r}")
+        raise UserValueError(f"image_size must be an integer in [32, 1024], got {image_size!r}")
     for name, v in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
-            raise ValueError(f"{name} must be a number in (0, 1), got {v!r}")
+            raise UserValueError(f"{name} must be a number in (0, 1), got {v!r}")
     if val_fraction + test_fraction >= 1:
-        raise ValueError(f"val_fraction + test_fraction must be < 1 (train needs images), got "
+        raise UserValueError(f"val_fraction + test_fraction must be < 1 (train needs images), got "
                          f"{val_fraction} + {test_fraction}")
     n_val, n_test = _split_sizes(n_images, val_fraction, test_fraction)
     if n_images - n_val - n_test < 1:
-        raise ValueError(f"no training images left: {n_images} images, {n_val} val, {n_test} test")
+        raise UserValueError(f"no training images left: {n_images} images, {n_val} val, {n_test} test")
     if workers is not None and (not is_int(workers) or workers < 1):
         raise ValueError(f"workers must be a positive integer or None, got {workers!r}")
 

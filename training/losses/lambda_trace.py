@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from training.errors import UserFileNotFound, UserValueError
 from training.fsio import atomic_path
 
 from .constraint import LossCombiner
@@ -41,14 +42,14 @@ def read_lambda_trace(source: str | Path) -> tuple[np.ndarray, float]:
     if p.is_dir():
         p = p / TRACE_FILE
     if not p.is_file():
-        raise FileNotFoundError(f"no λ trace at {p}: loss.lambda_schedule must name a finished constraint run's "
+        raise UserFileNotFound(f"no λ trace at {p}: loss.lambda_schedule must name a finished constraint run's "
                                 f"folder (which holds {TRACE_FILE}) or the file itself")
     with np.load(p, allow_pickle=False) as z:
         if "lambda" not in z or "eta" not in z:
-            raise ValueError(f"{p} is not a λ trace (needs arrays 'lambda' and 'eta')")
+            raise UserValueError(f"{p} is not a λ trace (needs arrays 'lambda' and 'eta')")
         lam, eta = np.asarray(z["lambda"], dtype=np.float32), float(z["eta"])
     if lam.ndim != 1 or not np.isfinite(lam).all():
-        raise ValueError(f"{p}: 'lambda' must be a finite 1-D array, got shape {lam.shape}")
+        raise UserValueError(f"{p}: 'lambda' must be a finite 1-D array, got shape {lam.shape}")
     return lam, eta
 
 
@@ -58,10 +59,10 @@ def build_combiner(loss_cfg: Any, total_steps: int) -> LossCombiner:
     if loss_cfg.mode == "replay":
         schedule, src_eta = read_lambda_trace(loss_cfg.lambda_schedule)
         if not np.isclose(src_eta, loss_cfg.eta, rtol=0, atol=1e-12):
-            raise ValueError(f"the λ schedule was logged with η={src_eta}, this run has loss.eta={loss_cfg.eta}: "
+            raise UserValueError(f"the λ schedule was logged with η={src_eta}, this run has loss.eta={loss_cfg.eta}: "
                              "the replayed weights λ_t/η would differ; set loss.eta to the source run's")
         if len(schedule) < total_steps:
-            raise ValueError(f"the λ schedule {loss_cfg.lambda_schedule} has {len(schedule)} steps, this run needs "
+            raise UserValueError(f"the λ schedule {loss_cfg.lambda_schedule} has {len(schedule)} steps, this run needs "
                              f"{total_steps}: the source run must have the same batches and epochs")
         log.info("replaying λ from %s (%d steps, λ %.3g → %.3g, max %.3g)", loss_cfg.lambda_schedule,
                  len(schedule), schedule[0], schedule[total_steps - 1], schedule[:total_steps].max())

@@ -26,6 +26,7 @@ from torch import nn
 from training import choices
 from training.data.images import Preprocess
 from training.env import environment
+from training.errors import UserError
 from training.models.runtimes import (ImageRuntime, RuntimeUnavailable, Tap, feature_dtype, requested_runtime,
                                       resolve_runtime)
 
@@ -35,7 +36,7 @@ BACKBONES = choices.names(choices.Backbone)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-class BackboneError(RuntimeError):
+class BackboneError(UserError, RuntimeError):
     """A backbone that cannot be built here (missing package or weights)."""
 
 

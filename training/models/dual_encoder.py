@@ -14,6 +14,7 @@ from torch import nn
 
 from training.config import Config, ModelConfig
 from training.data.vocab import Vocab
+from training.errors import UserError
 from training.losses.objective import objective_needs
 from training.models.backbones import Backbone, build_backbone
 from training.models.decoders import InputTokenDecoder, LatentTargetDecoder
@@ -22,7 +23,7 @@ from training.models.reasoning import region_image_head, shared_layers, tern_tex
 from training.models.text_encoder import GRUTextEncoder, SBERTTextEncoder, move_batch
 
 
-class NoImageBackbone(RuntimeError):
+class NoImageBackbone(UserError, RuntimeError):
     """Raised when raw images are encoded with a model trained on precomputed features."""
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from training.data.vocab import Vocab
+from training.errors import UserFileNotFound, UserValueError
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +34,11 @@ def _from_text_file(path: Path, wanted: set[str]) -> tuple[dict[str, np.ndarray]
             if dim == 0:
                 dim = len(parts) - 1
             elif len(parts) - 1 != dim:
-                raise ValueError(f"{path}:{ln}: expected {dim} values, got {len(parts) - 1}")
+                raise UserValueError(f"{path}:{ln}: expected {dim} values, got {len(parts) - 1}")
             if parts[0] in wanted:
                 found[parts[0]] = np.asarray(parts[1:], dtype=np.float32)
     if dim == 0:
-        raise ValueError(f"{path}: no vectors found (expected GloVe text format 'word v1 v2 ...')")
+        raise UserValueError(f"{path}: no vectors found (expected GloVe text format 'word v1 v2 ...')")
     return found, dim
 
 
@@ -58,7 +59,7 @@ def glove_matrix(vocab: Vocab, source: str = "glove", seed: int = 0, unk_scale: 
     else:
         path = Path(source)
         if not path.is_file():
-            raise FileNotFoundError(f"word embeddings file not found: {path} (use 'glove' for the packaged vectors)")
+            raise UserFileNotFound(f"word embeddings file not found: {path} (use 'glove' for the packaged vectors)")
         found, dim = _from_text_file(path, set(words))
         mat = (rng.standard_normal((len(vocab), dim)) * unk_scale).astype(np.float32)
         for i, w in enumerate(words):

@@ -15,6 +15,7 @@ from __future__ import annotations
 from torch import nn
 
 from training.config import ModelConfig
+from training.errors import UserValueError
 from training.models.backbones import Backbone
 from training.models.tern import SharedReasoning, TERNImageHead
 from training.models.tern_text import TERNTextEncoder
@@ -29,10 +30,10 @@ def region_layout(m: ModelConfig, feat_dim: int, backbone: Backbone | None, foun
     side = getattr(backbone, "grid_side", 0) if backbone is not None else 0
     channels = m.region_dim or found or (feat_dim // side ** 2 if side else 0)
     if channels <= 0:
-        raise ValueError("model.region_dim is unknown: set it to the channels per region of the precomputed "
+        raise UserValueError("model.region_dim is unknown: set it to the channels per region of the precomputed "
                          "features")
     if feat_dim % channels:
-        raise ValueError(f"features of {feat_dim} values are not regions of model.region_dim={channels} channels")
+        raise UserValueError(f"features of {feat_dim} values are not regions of model.region_dim={channels} channels")
     return channels, feat_dim // channels
 
 

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from training.env import environment
+from training.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ RUNTIMES = ("auto", "torch", "compile", "onnxruntime", "openvino")
 COSINE_TOLERANCE = 0.99999
 
 
-class RuntimeUnavailable(RuntimeError):
+class RuntimeUnavailable(UserError, RuntimeError):
     """A runtime that was asked for by name but is not installed or cannot run here."""
 
 

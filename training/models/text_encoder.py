@@ -15,6 +15,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from training.data.karpathy import tokenize
 from training.data.vocab import Vocab, pad_batch
+from training.errors import UserValueError
 from training.models.heads import ProjectionHead
 
 MEMORY_MAX = 500_000  # frozen sentence embeddings kept in memory (a long-running server must not grow without bound)
@@ -148,7 +149,7 @@ def transformer_layers(st: nn.Module) -> list[nn.Module]:
         enc = getattr(mod, "encoder", None)
         if enc is not None and isinstance(getattr(enc, "layer", None), nn.ModuleList):
             return list(enc.layer)
-    raise ValueError("cannot find the transformer layers of this sentence-transformers model")
+    raise UserValueError("cannot find the transformer layers of this sentence-transformers model")
 
 
 def train_top_layers(st: nn.Module, k: int) -> None:
@@ -159,7 +160,7 @@ def train_top_layers(st: nn.Module, k: int) -> None:
         p.requires_grad_(False)
     layers = transformer_layers(st)
     if k > len(layers):
-        raise ValueError(f"model.sbert_train_layers={k} but the model has {len(layers)} layers")
+        raise UserValueError(f"model.sbert_train_layers={k} but the model has {len(layers)} layers")
     for layer in layers[len(layers) - k:]:
         for p in layer.parameters():
             p.requires_grad_(True)
