@@ -1,18 +1,20 @@
 """The `ltd` parser and entry point: every subcommand module registers itself on the parser.
 
-User mistakes (bad config keys, missing files, corrupt images, unloadable checkpoints) end with one
-line on stderr and exit code 2; ``-v`` (anywhere on the command line) adds the traceback.
+The error boundary tells the truth. User mistakes (``training.errors.UserError``: bad config keys,
+missing files, corrupt images, unloadable checkpoints) end with one line on stderr and exit code 2;
+``-v`` (anywhere on the command line) adds the traceback. Anything else (a shape mismatch, running
+out of memory) is a bug or a machine problem, not the user's mistake: its traceback is printed with a
+request to report it, exit code 1.
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+import traceback
 
 from app.cli import caption, data, demo, experiment, index, serve, train
-from training.config import ConfigError
-from training.data.images import ImageError
-from training.data.karpathy import DatasetError
+from training.errors import UserError
 
 COMMANDS = (data, train, index, serve, demo, experiment, caption)
 
@@ -58,9 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     _setup(verbose)
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, DatasetError, ImageError, FileNotFoundError, FileExistsError, ValueError,
-            RuntimeError) as e:
-        # User mistakes: one clear line, no traceback (use -v for one).
+    except UserError as e:  # the user can fix it: one clear line, no traceback (use -v for one)
         if verbose:
             logging.exception("failed")
         print(f"ltd {args.command}: error: {e}", file=sys.stderr)
@@ -68,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # not the user's mistake: show where it happened
+        traceback.print_exc()
+        print(f"ltd {args.command}: internal error ({type(e).__name__}): this is a bug or a machine problem, not a "
+              "mistake in the command; please report it with the command line and the traceback above",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
