@@ -3,7 +3,6 @@ server (browser, attacks on the mounted Gradio routes, memory of the running pro
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -68,11 +67,6 @@ def stop(proc: subprocess.Popen) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=5)
-
-
-def get_json(url: str, timeout: float = 5.0) -> dict:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return json.loads(r.read())
 
 
 @contextlib.contextmanager

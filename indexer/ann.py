@@ -27,7 +27,6 @@ from indexer.vector_index import IndexDirError, VectorIndex
 
 FLAT_MAX = 200_000
 RERANK = 10
-RECALL_TARGET = 0.95
 
 
 @dataclass(frozen=True)

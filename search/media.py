@@ -40,13 +40,6 @@ def sniff_image_type(data: bytes) -> str | None:
     return None
 
 
-def check_upload_size(data: bytes, max_bytes: int) -> None:
-    if len(data) == 0:
-        raise BadRequest("the uploaded file is empty")
-    if len(data) > max_bytes:
-        raise BadRequest(f"upload of {len(data):,} bytes exceeds the limit of {max_bytes:,} bytes")
-
-
 def release_free_memory() -> None:
     """Give freed heap memory back to the OS (glibc), so a burst of large decodes does not leave the
     server's resident size at its peak."""

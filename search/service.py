@@ -348,9 +348,6 @@ class SearchService:
         """Queries sorted by disagreement between two models (the data of `ltd compare`), cached."""
         return self.explorer_rows.rows(self.get(a), self.get(b), direction=direction, winner=winner, limit=limit)
 
-    def training_metrics(self, name: str) -> list[dict]:
-        return analysis.training_rows(self.get(name))
-
     def training_figure(self, names: list[str], smooth: int = 5):
         """(figure or None, names without metrics): the training curves of these models, overlaid."""
         return analysis.training_figure([self.get(n) for n in names], smooth)

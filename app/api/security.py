@@ -23,7 +23,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 COOKIE = "ltd_token"
 OPEN_PATHS = ("/api/health", "/login")
-LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "::1"]
 _BLOCKED_UI = ("/ui/gradio_api/file=http", "/ui/gradio_api/proxy=", "/ui/gradio_api/file=//")
 
 

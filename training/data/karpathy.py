@@ -117,9 +117,6 @@ class Dataset:
     def split_counts(self) -> dict[str, int]:
         return dict(Counter(im.split for im in self.images))
 
-    def image_by_id(self) -> dict[int, ImageRecord]:
-        return {im.id: im for im in self.images}
-
 
 def resolve_images_root(json_path: Path, data: dict, images_root: str | Path | None) -> Path:
     if images_root is not None:

@@ -135,7 +135,6 @@ class EfficientNetLite0(Backbone):
             raise BackboneError(f"efficientnet_lite0 features must be pooled, fne or grid, got {features!r}")
         self.grid_side = grid_side(image_size)
         self.out_dim = {"fne": sum(dims), "grid": self.grid_side ** 2 * 1280}.get(features, 1280)
-        self.fne_dims = dims
 
     def fused(self):
         if self._fused is None:
