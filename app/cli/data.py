@@ -105,7 +105,7 @@ def _per_file(values: list[str], n: int, what: str) -> list[str | None]:
     if len(values) == 1:
         return values * n
     if len(values) != n:
-        raise ValueError(f"{len(values)} {what} for {n} captions files: give one for all, or one per file")
+        raise UserValueError(f"{len(values)} {what} for {n} captions files: give one for all, or one per file")
     return values
 
 
@@ -115,14 +115,14 @@ def coco_pairs(args: argparse.Namespace) -> list:
 
     if args.coco_root:
         if args.captions or args.images_root:
-            raise ValueError("give either --coco-root or --captions/--images-root pairs, not both")
+            raise UserValueError("give either --coco-root or --captions/--images-root pairs, not both")
         found = discover_coco_root(args.coco_root, args.year)
         splits = _per_file(args.split, len(found), "--split values")
         return [CocoPair(p.captions, p.images_root, s) for p, s in zip(found, splits)]
     if not args.captions:
-        raise ValueError("give --coco-root DIR, or --captions FILE --images-root DIR (repeatable)")
+        raise UserValueError("give --coco-root DIR, or --captions FILE --images-root DIR (repeatable)")
     if not args.images_root:
-        raise ValueError("--images-root is required with --captions")
+        raise UserValueError("--images-root is required with --captions")
     roots = _per_file(args.images_root, len(args.captions), "--images-root folders")
     splits = _per_file(args.split, len(args.captions), "--split values")
     return [CocoPair(Path(c), Path(r), s) for c, r, s in zip(args.captions, roots, splits)]
