@@ -242,3 +242,31 @@ def test_shuffled_ltd_targets_are_a_derangement_of_the_caption_targets():
         assert (shuffled_targets(t, seed).squeeze(1) != t.squeeze(1)).all()
     with pytest.raises(ConfigError, match="loss.ltd_targets"):
         tiny_config("dual", ["loss.decoder=itd", "loss.ltd_targets=shuffled"])
+
+
+def test_same_image_ltd_targets_stay_within_each_image_and_move_every_caption():
+    """loss.ltd_targets=same_image (distillation or LTD?): each caption decodes the target of another
+    caption of its own image — the image's content stays in the targets, the caption's own words do
+    not; seeded; a one-caption image keeps its own target."""
+    import torch
+
+    from training.prepare import prepare, same_image_targets
+
+    image_of = [0, 0, 0, 0, 0, 1, 1, 2, 3, 3, 3]
+    t = torch.arange(float(len(image_of))).unsqueeze(1)
+    for seed in range(30):
+        got = same_image_targets(t, image_of, seed).squeeze(1).long().tolist()
+        for i, src in enumerate(got):
+            assert image_of[src] == image_of[i]
+            assert (src == i) == (i == 7)  # image 2 has one caption
+        for img in set(image_of):  # within an image, a permutation of its captions' targets
+            rows = [i for i, m in enumerate(image_of) if m == img]
+            assert sorted(got[i] for i in rows) == rows
+    assert torch.equal(same_image_targets(t, image_of, 3), same_image_targets(t, image_of, 3))
+    assert any(not torch.equal(same_image_targets(t, image_of, 3), same_image_targets(t, image_of, s))
+               for s in range(4, 10))
+    data = prepare(tiny_config("dual", ["loss.ltd_targets=same_image"]), show_progress=False)
+    own = prepare(tiny_config("dual"), show_progress=False).targets
+    img = torch.tensor([c.image_index for c in data.train.captions])
+    match = (data.targets.unsqueeze(1) == own.unsqueeze(0)).all(-1)  # [i, j]: i's target is j's own
+    assert all(bool(match[i][img == img[i]].any()) for i in range(len(img)))

@@ -25,7 +25,7 @@ CombineMode = Literal["none", "dual", "constraint", "replay"]
 Decoder = Literal["ltd", "itd"]
 ItdReduction = Literal["mean", "sum"]
 LtdSide = Literal["text", "image", "both"]
-LtdTargets = Literal["caption", "shuffled"]
+LtdTargets = Literal["caption", "shuffled", "same_image"]
 
 # ---- optimisation and running ----
 Optimizer = Literal["adam", "adamw"]

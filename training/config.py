@@ -164,7 +164,7 @@ class LossConfig(Section):
     decoder: C.Decoder = "ltd"  # ltd (latent target) | itd (input tokens)
     itd_reduction: C.ItdReduction = "mean"  # itd: mean token NLL, or sum over each caption's tokens (the paper's)
     ltd_side: C.LtdSide = "text"  # ltd: decode the targets from the caption embedding (the paper's), image, or both
-    ltd_targets: C.LtdTargets = "caption"  # ltd: each caption's own target, or "shuffled" (another's: a control)
+    ltd_targets: C.LtdTargets = "caption"  # ltd: own target; controls: "shuffled" (another caption's), "same_image" (a sibling's)
     beta: NonNegative = 1.0  # dual: L_con + beta * L_rec
     eta: Positive = 0.2  # constraint: L_con + lambda * (L_rec / eta - 1)
     lambda_init: float = 1.0

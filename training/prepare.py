@@ -139,8 +139,10 @@ def prepare(cfg: Config, *, show_progress: bool = True, device: str = "cpu") -> 
         # must recover the caption's content, not the shortcut.
         targets = torch.from_numpy(compute_targets([c.raw for c in train.captions], target_model,
                                                    cache_dir=cfg.data.cache_dir, show_progress=show_progress))
-        if needs.shuffled_targets:
+        if needs.ltd_targets == "shuffled":
             targets = shuffled_targets(targets, cfg.train.seed)
+        elif needs.ltd_targets == "same_image":
+            targets = same_image_targets(targets, [c.image_index for c in train.captions], cfg.train.seed)
     return TrainingData(dataset=ds, train=train, val=val, vocab=vocab, image_feats=feats, failed_images=store.failed,
                         train_texts=train_texts, val_texts=val_texts, targets=targets, backbone=backbone,
                         feat_dim=store.dim, feature_key=store.key, word_embeddings=emb, region_dim=region_dim)
@@ -162,6 +164,25 @@ def shuffled_targets(targets: torch.Tensor, seed: int) -> torch.Tensor:
             j = (i + 1) % n
             perm[i], perm[j] = perm[j], perm[i]
     return targets[torch.from_numpy(perm)]
+
+
+def same_image_targets(targets: torch.Tensor, image_of: list[int], seed: int) -> torch.Tensor:
+    """The control that separates distillation from LTD's per-caption targets (``loss.ltd_targets=
+    same_image``): every caption gets the target of *another caption of its own image* (a random
+    cyclic shift within each image's captions, seeded; stream 11 of the run's seed). What the image
+    shows stays in the target — a distilled image-level teacher signal survives — but what this
+    caption says beyond its siblings does not. An image with one caption keeps its own target."""
+    rng = np.random.default_rng([seed, 11])
+    groups: dict[int, list[int]] = {}
+    for i, img in enumerate(image_of):
+        groups.setdefault(int(img), []).append(i)
+    src = np.arange(len(image_of))
+    for rows in groups.values():
+        if len(rows) < 2:
+            continue
+        rows = np.asarray(rows)[rng.permutation(len(rows))]
+        src[rows] = np.roll(rows, int(rng.integers(1, len(rows))))  # a shift of 1..n-1: no fixed point
+    return targets[torch.from_numpy(src)]
 
 
 def check_target_model(m, target_model: str) -> None:

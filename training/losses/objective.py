@@ -54,7 +54,7 @@ class ObjectiveNeeds:
     decoder: str | None  # "ltd" | "itd": the decoder the model attaches; None: no reconstruction
     target_model: str | None  # LTD targets from this sentence model ("" = the packaged MiniLM); None: none
     similarity: str  # "cosine" | "order": what the trained embeddings are ranked by
-    shuffled_targets: bool = False  # LTD's control: each caption gets another caption's target (loss.ltd_targets)
+    ltd_targets: str = "caption"  # LTD's controls: "shuffled" / "same_image" targets (loss.ltd_targets)
 
     @property
     def tokens(self) -> bool:
@@ -64,11 +64,13 @@ class ObjectiveNeeds:
 
 def describe_loss(loss: LossConfig) -> dict:
     """The loss as a model's manifest and reports show it: contrastive loss, mode, and the decoder,
-    η or β only where the mode uses them."""
+    η or β only where the mode uses them, and LTD's target model (what its targets saw matters)."""
+    ltd = loss.mode != "none" and loss.decoder == "ltd"
     return {"contrastive": loss.contrastive, "mode": loss.mode,
             "decoder": loss.decoder if loss.mode != "none" else None,
             "eta": loss.eta if loss.mode in ("constraint", "replay") else None,
-            "beta": loss.beta if loss.mode == "dual" else None}
+            "beta": loss.beta if loss.mode == "dual" else None,
+            "targets": (loss.target_model or "all-MiniLM-L6-v2") if ltd else None}
 
 
 def objective_needs(loss: LossConfig) -> ObjectiveNeeds:
@@ -76,7 +78,7 @@ def objective_needs(loss: LossConfig) -> ObjectiveNeeds:
     decoder = None if loss.mode == "none" else loss.decoder
     return ObjectiveNeeds(decoder=decoder, target_model=loss.target_model if decoder == "ltd" else None,
                           similarity=similarity_for(first_contrastive(loss)),
-                          shuffled_targets=decoder == "ltd" and loss.ltd_targets == "shuffled")
+                          ltd_targets=loss.ltd_targets if decoder == "ltd" else "caption")
 
 
 class TrainingObjective(nn.Module):
