@@ -23,6 +23,7 @@ from search.ranking import CompareResult, Query, SearchResult, compare_results, 
 from search.registry import ModelEntry, ModelRegistry, public_manifest
 from training.choices import VerifyIndex
 from training.config_base import Section
+from training.packaged_models import saw_caption_corpora
 
 
 class SearchConfig(Section):
@@ -131,6 +132,8 @@ class SearchService:
                 "split": (mf.get("dataset") or {}).get("split"), "counts": mf.get("counts"),
                 "dim": mf.get("dim"), "factory": mf.get("factory"), "ground_truth": e.has_ground_truth,
                 "image_search": e.model.image.backbone is not None, "model": mf.get("model"),
+                "caption_corpora": saw_caption_corpora((mf.get("model") or {}).get("text_encoder"),
+                                                       (mf.get("model") or {}).get("loss")),
                 "eval": summary, "manifest": mf}
 
     def caption(self, name: str, caption_id: int) -> dict:

@@ -345,7 +345,7 @@ def test_report_table(svc):
         assert col in headers
     assert any("nDCG" in c for c in headers)
     assert [r[0] for r in rows] == ["bl", "ltd"]
-    assert rows[0][1] == "baseline" and rows[1][1] == "LTD (η = 0.5)"
+    assert rows[0][1] == "baseline" and rows[1][1] == "LTDᴹ (η = 0.5)"  # MiniLM targets: the mark
     rsum = headers.index("rsum")
     for r in rows:
         assert r[rsum] == pytest.approx(svc.model_info(r[0])["eval"]["rsum"], abs=0.05)
@@ -367,6 +367,10 @@ def test_header_lists_models_with_rsum(svc):
         assert f'<span class="ltd-chip-name">{name}</span>' in html
         assert f"<b>{svc.model_info(name)['eval']['rsum']:.1f}</b> rsum" in html
     assert "η = 0.5" in html and "test split" in html
+    # LTD's targets are MiniLM's (trained on Flickr30k/COCO captions): its chip carries the mark and says why
+    assert svc.model_info("ltd")["caption_corpora"] and not svc.model_info("bl")["caption_corpora"]
+    assert '<span class="ltd-chip-kind">LTDᴹ · η = 0.5</span>' in html and "Flickr30k/COCO" in html
+    assert '<span class="ltd-chip-kind">baseline</span>' in html
 
 
 def _dependency(blocks, api_name: str):

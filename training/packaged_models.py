@@ -125,6 +125,21 @@ def mpnet_path(cache_dir: str = "") -> Path:
 
 
 GLOVE_MEAN = "glove-mean"
+MINILM = "all-MiniLM-L6-v2"
+CAPTION_CORPORA_MARK = "ᴹ"
+
+
+def saw_caption_corpora(text_encoder: str | None, loss: dict | None) -> bool:
+    """Whether a model's caption encoder or its LTD targets come from a sentence model trained on
+    pairs that include Flickr30k and COCO captions (MiniLM, mpnet): its numbers carry
+    ``CAPTION_CORPORA_MARK`` and are not comparable with methods that learn captions from the
+    training split alone. ``loss`` is ``describe_loss``'s dict; a manifest written before it named
+    the targets used the packaged MiniLM. A local target folder is not claimed clean either: only
+    ``glove-mean`` (no captions) is."""
+    if text_encoder in ("sbert", "tern"):
+        return True
+    loss = loss or {}
+    return loss.get("mode") not in (None, "none") and loss.get("decoder") == "ltd" and loss.get("targets") != GLOVE_MEAN
 
 
 def glove_mean_path(cache_dir: str = "") -> Path:

@@ -52,6 +52,10 @@ def loading_state(service: SearchService) -> str | None:
     return notice("Models are loading… the page updates by itself when they are ready.", "loading")
 
 
+MARK = "ᴹ"
+MARK_MEANS = "ᴹ: its captions or LTD targets come from a sentence model trained on Flickr30k/COCO captions"
+
+
 def model_label(service: SearchService, name: str) -> dict:
     """Short facts about a model for the header and the training tab (needs a ready service)."""
     info = service.model_info(name)
@@ -66,6 +70,8 @@ def model_label(service: SearchService, name: str) -> dict:
     elif mode == "dual" and loss.get("beta") is not None:
         detail = f"β = {float(loss['beta']):g}"
     ev = info.get("eval") or {}
+    if info.get("caption_corpora"):  # its captions or LTD targets come from a model trained on Flickr30k/COCO captions
+        kind += MARK
     return {"name": name, "kind": kind, "detail": detail, "loss": loss, "rsum": ev.get("rsum"),
             "dataset": info.get("dataset"), "split": info.get("split"), "counts": info.get("counts") or {},
             "image_search": info.get("image_search", True), "ground_truth": info.get("ground_truth")}
@@ -94,7 +100,8 @@ def header_html(service: SearchService) -> str:
     for i, lb in enumerate(labels):
         rsum = f'<b>{lb["rsum"]:.1f}</b> rsum' if isinstance(lb["rsum"], (int, float)) else "no eval report"
         det = f" · {esc(lb['detail'])}" if lb["detail"] else ""
-        chips.append(f'<span class="ltd-chip ltd-m{i % 4}" title="{esc(lb["name"])}: {esc(lb["kind"])}{det}">'
+        why = f" ({MARK_MEANS})" if lb["kind"].endswith(MARK) else ""
+        chips.append(f'<span class="ltd-chip ltd-m{i % 4}" title="{esc(lb["name"])}: {esc(lb["kind"])}{det}{esc(why)}">'
                      f'<span class="ltd-chip-name">{esc(lb["name"])}</span>'
                      f'<span class="ltd-chip-kind">{esc(lb["kind"])}{det}</span>{rsum}</span>')
     warn = notice("Not every model could be loaded: " + "; ".join(f"{n}: {r}" for n, r in service.failed.items()),

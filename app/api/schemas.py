@@ -161,6 +161,8 @@ class ModelInfo(BaseModel):
     ground_truth: bool = Field(description="the index is a dataset split with caption ↔ image links")
     image_search: bool = Field(description="uploaded images can be encoded (the model has an image backbone)")
     model: dict[str, Any] | None = Field(description="training summary from the manifest")
+    caption_corpora: bool = Field(False, description="the caption encoder or the LTD targets come from a sentence model "
+                                  "trained on Flickr30k/COCO captions (MiniLM, mpnet): numbers marked ᴹ in RESULTS.md")
     eval: dict[str, Any] | None = Field(description="report.json of `ltd eval` (R@k, R-P, nDCG, rsum), when present")
     manifest: dict[str, Any]
 

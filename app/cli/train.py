@@ -32,6 +32,12 @@ def run_name(cfg, config_arg: str | None) -> str:
     return Path(config_arg).stem if config_arg else "synthetic_baseline"
 
 
+CONTAMINATED = "ᴹ"
+CONTAMINATED_MEANS = ("the caption encoder or the LTD targets come from a sentence model (all-MiniLM-L6-v2, "
+                      "all-mpnet-base-v2) trained on pairs that include Flickr30k and COCO captions: not comparable "
+                      "with methods that learn captions from the training split alone (RESULTS.md)")
+
+
 def describe_presets(kind: str = "train") -> list[tuple[str, str, str]]:
     """(name, what it is, what it costs on this kind of CPU) of every shipped preset, from the
     ``# summary:`` and ``# cost …:`` lines at the top of its YAML."""
@@ -55,6 +61,8 @@ def print_presets(kind: str) -> None:
     width = max(len(n) for n, _, _ in rows)
     for name, summary, cost in rows:
         print(f"{name:<{width}}  {summary}" + (f"  [{cost}]" if cost else ""))
+    if any(CONTAMINATED in s for _, s, _ in rows):
+        print(f"\n{CONTAMINATED} {CONTAMINATED_MEANS}")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
