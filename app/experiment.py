@@ -18,16 +18,14 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from app.experiment_stats import paired_statistics, render_paired, seed_matched
-from app.grid import Grid, substitute
-from indexer import metrics
+from app.experiment_report import REPORT_KEYS, reported_tags, write_results
+from app.experiment_stats import paired_statistics
+from app.grid import Grid, substitute, sweep_label, sweep_sets, value_tag
+from indexer.evaluate import load_report
 from training.config import load_config
-from training.fsio import atomic_write_text, write_json_atomic
+from training.fsio import atomic_write_text
 
 log = logging.getLogger("ltd.experiment")
-
-REPORT_KEYS = [*metrics.REPORT_KEYS, metrics.ndcg_key("t2i"), metrics.ndcg_key("i2t")]
-
 
 @dataclass
 class Job:
@@ -42,10 +40,6 @@ class Job:
     base: str
     label: str = ""
     sweep_value: object = None
-
-
-def _value_tag(v: object) -> str:
-    return str(v).replace("/", "_").replace(" ", "")
 
 
 def _run_job(job: Job) -> dict:
@@ -64,7 +58,7 @@ def _run_job(job: Job) -> dict:
         for sc in job.eval_shortcuts:
             if sc != "none" and cfg.data.shortcuts == "none":
                 continue  # shortcut evaluation only makes sense for runs trained with shortcuts
-            tag = split if sc == "none" else f"{split}_sc-{_value_tag(sc)}"
+            tag = split if sc == "none" else f"{split}_sc-{value_tag(sc)}"
             ix = ensure_indexed(best, ds, split, Path(job.index_root) / tag, shortcuts=sc, show_progress=False)
             rep = ensure_evaluated(ix, relevance=job.relevance if split != cfg.data.val_split else None,
                                    show_progress=False)
@@ -88,7 +82,28 @@ def _train_seconds(metrics: Path) -> float:
     return total
 
 
-def _run_all(jobs: list[Job], n_jobs: int) -> list[dict]:
+def _collect_job(job: Job) -> dict | None:
+    """A finished job's result read from its folders (``--render``), or None while any of its
+    reports is missing: trains, indexes and evaluates nothing."""
+    cfg = load_config(job.base, job.overrides)
+    out = {"cell": job.cell, "seed": job.seed, "label": job.label, "sweep_value": job.sweep_value,
+           "run_dir": job.run_dir, "index_root": job.index_root, "reports": {}}
+    for split in job.eval_splits:
+        for sc in job.eval_shortcuts:
+            if sc != "none" and cfg.data.shortcuts == "none":
+                continue
+            tag = split if sc == "none" else f"{split}_sc-{value_tag(sc)}"
+            rep = load_report(Path(job.index_root) / tag)
+            if rep is None:
+                return None
+            out["reports"][tag] = {k: rep[k] for k in REPORT_KEYS if k in rep}
+    out["train_s"] = round(_train_seconds(Path(job.run_dir) / "metrics.jsonl"), 1)
+    return out
+
+
+def _run_all(jobs: list[Job], n_jobs: int, collect: bool = False) -> list[dict]:
+    if collect:
+        return [r for r in map(_collect_job, jobs) if r is not None]
     if n_jobs <= 1 or len(jobs) <= 1:
         results = []
         for i, j in enumerate(jobs, 1):
@@ -116,7 +131,27 @@ def _stats(values: list[float]) -> dict:
             "values": [round(float(v), 4) for v in arr]}
 
 
-def run_grid(grid: Grid, out: Path, n_jobs: int = 1) -> dict:
+def _choose(grid: Grid, sweep_results: list[dict], val_split: str) -> dict[str, dict]:
+    """Each sweep's value with the best mean val rsum over its sweep seeds; a sweep with a run
+    missing (``--render`` of a grid still running) is left out."""
+    selection = {}
+    for c in grid.cells:
+        if c.sweep:
+            (param, values), = c.sweep.items()
+            by_v = [[r["reports"][val_split]["rsum"] for r in sweep_results
+                     if r["cell"] == c.name and r["sweep_value"] == v] for v in values]
+            if any(len(x) < len(c.sweep_seeds if c.sweep_seeds is not None else grid.seeds[:1]) for x in by_v):
+                continue
+            means = {value_tag(v): float(np.mean(x)) for v, x in zip(values, by_v)}
+            chosen = values[int(np.argmax([np.mean(x) for x in by_v]))]
+            selection[c.name] = {"param": param, "val_rsum": means, "chosen": chosen}
+            log.info("%s: chose %s=%s on %s rsum %s", c.name, param, chosen, val_split, means)
+    return selection
+
+
+def run_grid(grid: Grid, out: Path, n_jobs: int = 1, render_only: bool = False) -> dict:
+    """Run the grid (sweeps on val, then every cell's seeds) and write its results; ``render_only``
+    writes the results of the runs that have finished and trains nothing (a grid still running)."""
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "grid.yaml", yaml.safe_dump(grid.raw, sort_keys=False))
     base_cfg = load_config(grid.base, grid.common)
@@ -130,54 +165,44 @@ def run_grid(grid: Grid, out: Path, n_jobs: int = 1) -> dict:
                    relevance=grid.relevance, base=grid.base, label=label, sweep_value=value)
 
     # Phase 1: sweeps on their sweep seeds, chosen on val.
-    selection: dict[str, dict] = {}
     sweep_jobs = []
     for c in grid.cells:
         if c.sweep:
             (param, values), = c.sweep.items()
             for v in values:
                 for s in (c.sweep_seeds if c.sweep_seeds is not None else grid.seeds[:1]):
-                    sweep_jobs.append(job(c.name, s, c.set + [f"{param}={v}"],
-                                          f"{c.name}@{param.split('.')[-1]}={_value_tag(v)}", v))
-    sweep_results = _run_all(sweep_jobs, n_jobs)
-    for c in grid.cells:
-        if c.sweep:
-            (param, values), = c.sweep.items()
-            by_v = {v: [r["reports"][val_split]["rsum"] for r in sweep_results
-                        if r["cell"] == c.name and r["sweep_value"] == v] for v in values}
-            means = {str(v): float(np.mean(x)) for v, x in by_v.items()}
-            chosen = max(values, key=lambda v: np.mean(by_v[v]))
-            selection[c.name] = {"param": param, "val_rsum": means, "chosen": chosen}
-            log.info("%s: chose %s=%s on %s rsum %s", c.name, param, chosen, val_split, means)
+                    sweep_jobs.append(job(c.name, s, c.set + sweep_sets(param, v), sweep_label(c.name, param, v), v))
+    sweep_results = _run_all(sweep_jobs, n_jobs, collect=render_only)
+    selection = _choose(grid, sweep_results, val_split)
     # Phase 2: every cell with all its seeds (a chosen sweep value reuses its sweep runs).
     main_jobs = []
     for c in grid.cells:
-        sets = list(c.set)
-        label = c.name
-        value = None
+        sets, label, value = list(c.set), c.name, None
+        if c.sweep and c.name not in selection:
+            continue  # --render while its sweep runs
         if c.name in selection:
             sel = selection[c.name]
             value = sel["chosen"]
-            sets += [f"{sel['param']}={value}"]
-            label = f"{c.name}@{sel['param'].split('.')[-1]}={_value_tag(value)}"
+            sets += sweep_sets(sel["param"], value)
+            label = sweep_label(c.name, sel["param"], value)
         for s in (c.seeds if c.seeds is not None else grid.seeds):
             main_jobs.append(job(c.name, s, sets, label, value))
-    main_results = _run_all(main_jobs, n_jobs)
+    main_results = _run_all(main_jobs, n_jobs, collect=render_only)
     summary: dict[str, dict] = {}
     for c in grid.cells:
         rs = [r for r in main_results if r["cell"] == c.name]
+        if not rs:
+            continue
         tags = sorted({t for r in rs for t in r["reports"]})
         summary[c.name] = {t: {k: _stats([r["reports"][t][k] for r in rs if k in r["reports"][t]])
-                                  for k in REPORT_KEYS if all(k in r["reports"][t] for r in rs)} for t in tags}
+                               for k in REPORT_KEYS if all(k in r["reports"][t] for r in rs)} for t in tags}
     results = {"name": grid.name, "base": grid.base, "common": grid.common, "seeds": grid.seeds,
                "eval_split": grid.eval_split, "val_split": val_split, "selection": selection,
                "sweep_runs": sweep_results, "runs": main_results, "summary": summary, "compare": grid.compare,
-               "machine": machine_description(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
-    results["paired"] = paired_statistics(results, [grid.eval_split])
-    write_json_atomic(out / "results.json", results, indent=2, default=str)
-    atomic_write_text(out / "results.md", render_results(results))
-    plot_groups(results, out)
-    plot_cells(results, out / "plots" / "cells.png")
+               "machine": machine_description(), "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+               "partial": len(main_results) < len(main_jobs) or len(sweep_results) < len(sweep_jobs)}
+    results["paired"] = paired_statistics(results, reported_tags(results))
+    write_results(results, out)
     return results
 
 
@@ -192,105 +217,3 @@ def machine_description() -> dict:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-
-
-def _fmt(st: dict | None, digits: int = 1) -> str:
-    if not st:
-        return "–"
-    return f"{st['mean']:.{digits}f} ± {st['std']:.{digits}f}" if st["n"] > 1 else f"{st['mean']:.{digits}f}"
-
-
-def paired_differences(results: dict, tag: str, key: str = "rsum") -> dict[str, dict]:
-    """Per cell, ``key`` minus the reference cell's (the first cell) on the same seeds: mean, sample std
-    and how many seeds the cell is ahead. Seed-matched differences cancel what seeds share (feature
-    cache, data order), so they say more than comparing two means with overlapping spreads."""
-    cells = list(results["summary"])
-    out = {}
-    for cell in cells[1:]:
-        d = seed_matched(results, tag, cells[0], cell, key)
-        if d is not None:
-            out[cell] = d
-    return out
-
-
-def render_results(results: dict) -> str:
-    split = results["eval_split"]
-    lines = [f"# Experiment {results['name']}", "",
-             f"base `{results['base']}`, common overrides `{' '.join(results['common']) or '–'}`, seeds "
-             f"{results['seeds']}; {split} split, mean ± std over seeds (sample std). Machine: "
-             f"{results['machine']['cpu']} ({results['machine']['cores']} cores).", ""]
-    if results["selection"]:
-        lines += ["## Chosen on validation", "", "| cell | parameter | val rsum per value | chosen |", "|---|---|---|---|"]
-        for cell, sel in results["selection"].items():
-            vals = ", ".join(f"{k}: {v:.1f}" for k, v in sel["val_rsum"].items())
-            lines.append(f"| {cell} | {sel['param']} | {vals} | **{sel['chosen']}** |")
-        lines.append("")
-    tags = sorted({t for s in results["summary"].values() for t in s if t != results["val_split"]})
-    for tag in tags:
-        lines += [f"## {tag}", "", "| cell | i2t R@1 | i2t R@5 | i2t R@10 | t2i R@1 | t2i R@5 | t2i R@10 | rsum | "
-                  "i2t R-P | t2i nDCG (ROUGE-L) |", "|---|" + "---:|" * 9]
-        for cell, s in results["summary"].items():
-            m = s.get(tag)
-            if not m:
-                continue
-            lines.append(f"| {cell} | " + " | ".join(_fmt(m.get(k)) for k in REPORT_KEYS[:8]) + " | "
-                         + _fmt(m.get("t2i_nDCG@25_rougeL"), 4) + " |")
-        lines.append("")
-    lines += render_paired(results["paired"] if "paired" in results else paired_statistics(results, tags))
-    timed = [r for r in results["runs"] if r.get("train_s")]
-    if timed:
-        lines += ["## Training time", "", "| cell | seconds per run (sum of epoch times, mean) | runs |", "|---|---:|---:|"]
-        for cell in results["summary"]:
-            t = [r["train_s"] for r in timed if r["cell"] == cell]
-            if t:
-                lines.append(f"| {cell} | {np.mean(t):.0f} | {len(t)} |")
-        lines.append("")
-    lines += ["Every number comes from `results.json` next to this file; per-run reports are under `indexes/`.", ""]
-    return "\n".join(lines)
-
-
-def plot_groups(results: dict, out: Path) -> list[Path]:
-    """Overlaid training curves: one figure per cell with its seeds, one per sweep with its values."""
-    from training.plots import plot_runs
-
-    paths = []
-    groups: dict[str, list[Path]] = {}
-    for r in results["runs"]:
-        groups.setdefault(r["cell"], []).append(Path(r["run_dir"]))
-    for r in results["sweep_runs"]:
-        groups.setdefault(f"{r['cell']}_sweep", []).append(Path(r["run_dir"]))
-    for name, runs in groups.items():
-        runs = sorted(set(runs))
-        dest = out / "plots" / name
-        paths += plot_runs(runs, dest)
-    return paths
-
-
-def plot_cells(results: dict, path: Path) -> Path | None:
-    """``plots/cells.png``: the reported split's rsum and t2i nDCG of every run, one column per cell, one
-    colour per seed with a line joining each seed's runs (the seed-matched comparison at a glance), the
-    cell's mean as a bar. None when no run has the metrics."""
-    from training.plots import plt, save_png
-
-    split, cells = results["eval_split"], list(results["summary"])
-    by = {(r["cell"], r["seed"]): r["reports"].get(split, {}) for r in results["runs"]}
-    seeds = sorted({s for _, s in by})
-    keys = [k for k in ("rsum", "t2i_nDCG@25_rougeL") if any(k in rep for rep in by.values())]
-    if not cells or not keys:
-        return None
-    fig, axes = plt.subplots(1, len(keys), figsize=(max(6.0, 1.3 * len(cells) * len(keys)), 4.2), squeeze=False)
-    for ax, key in zip(axes[0], keys):
-        for i, s in enumerate(seeds):
-            pts = [(x, by[(c, s)][key]) for x, c in enumerate(cells) if key in by.get((c, s), {})]
-            if pts:
-                ax.plot(*zip(*pts), "o-", color=f"C{i}", alpha=0.6, lw=0.8, label=f"seed {s}")
-        for x, c in enumerate(cells):
-            vals = [by[(c, s)][key] for s in seeds if key in by.get((c, s), {})]
-            if vals:
-                ax.hlines(np.mean(vals), x - 0.3, x + 0.3, color="k", lw=2)
-        ax.set_xticks(range(len(cells)), cells, rotation=30, ha="right", fontsize=8)
-        ax.set_title(f"{split} {key} (bar: mean over seeds)", fontsize=10)
-        ax.grid(axis="y", alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    return save_png(fig, path)

@@ -15,6 +15,8 @@ Grid file (YAML)::
         set: [loss.mode=constraint]
         sweep: {loss.eta: [0.1, 0.15, 0.2]}   # chosen on val rsum (mean over the sweep seeds)
         sweep_seeds: [0]                        # seeds used for the sweep (default: the first seed)
+      - name: baseline_tuned                    # several keys at once: each value is a list of overrides
+        sweep: {set: [[loss.tau=0.03, optim.lr=1.0e-3], [loss.tau=0.1, optim.lr=2.5e-4]]}
       - name: replayed
         set: [loss.mode=replay, "loss.lambda_schedule={out}/runs/ltd_constraint@eta=0.15/seed{next_seed}"]
     compare: [[ltd_constraint, replayed]]   # extra pairs (every cell is compared with the first)
@@ -32,7 +34,7 @@ from pydantic import Field, model_validator
 
 from training.config import load_config
 from training.config_base import Section, read_yaml, validate_as
-from training.errors import UserFileNotFound
+from training.errors import UserFileNotFound, UserValueError
 
 
 class GridCell(Section):
@@ -97,8 +99,36 @@ def load_grid(path: str | Path, extra_set: list[str] | None = None) -> Grid:
     for c in grid.cells:  # fail before hours of training
         (param, values), = c.sweep.items() if c.sweep else ((None, [None]),)
         for v in values:
-            load_config(grid.base, grid.common + c.set + ([f"{param}={v}"] if param else []))
+            try:
+                sets = sweep_sets(param, v) if param else []
+            except ValueError as e:
+                raise UserValueError(f"{path}: cell {c.name}: {e}") from None
+            load_config(grid.base, grid.common + c.set + sets)
     return grid
+
+
+def value_tag(v: object) -> str:
+    """A sweep value as a folder name and a table cell: ``0.2``, or ``tau=0.03,lr=0.001`` for a
+    setting of several keys."""
+    if isinstance(v, (list, tuple)):
+        return ",".join(value_tag(x.split("=", 1)[0].split(".")[-1] + "=" + x.split("=", 1)[1]) for x in v)
+    return str(v).replace("/", "_").replace(" ", "")
+
+
+def sweep_sets(param: str, value: object) -> list[str]:
+    """The overrides one sweep value stands for: ``param=value``, or with ``param`` ``set`` the value's
+    own list of overrides (a setting of several keys, e.g. a baseline tuned over τ and the learning
+    rate with the same number of settings as the method it is compared with)."""
+    if param != "set":
+        return [f"{param}={value}"]
+    if not (isinstance(value, list) and value and all(isinstance(x, str) and "=" in x for x in value)):
+        raise ValueError(f"a 'set' sweep value is a list of KEY=VALUE overrides, got {value!r}")
+    return list(value)
+
+
+def sweep_label(cell: str, param: str, value: object) -> str:
+    """The run folder's name of a sweep value: ``cell@eta=0.2``, ``cell@tau=0.1,lr=0.001``."""
+    return f"{cell}@{'' if param == 'set' else param.split('.')[-1] + '='}{value_tag(value)}"
 
 
 def substitute(sets: list[str], seed: int, seeds: list[int], out: Path) -> list[str]:

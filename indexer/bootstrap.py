@@ -1,19 +1,27 @@
-"""Paired bootstrap over test queries: how much of a difference between two models is the test set.
+"""Paired bootstrap over the test set: how much of a difference between two models is the test set.
 
-Two models evaluated on the same split give per-query results (``per_query.npz`` of
-``ltd eval``): for every image query the rank of its best-ranked caption, for every caption query
-the rank of its image and its nDCG. rsum is a sum of per-direction means,
+Two models evaluated on the same split give per-query results (``per_query.npz`` of ``ltd eval``):
+for every image query the rank of its best-ranked caption, for every caption query the rank of its
+image, its nDCG and its image. rsum is a sum of per-direction means,
 
     rsum = mean_images(100·Σ_k [rank ≤ k]) + mean_captions(100·Σ_k [rank ≤ k]),  k ∈ {1, 5, 10},
 
-so the difference of two models is a difference of per-query means. The bootstrap resamples the
-queries with replacement — image queries and caption queries independently, since they are two
-different query sets — keeps each query's pair of results together (paired), and reads the 95 %
-interval of Δ rsum and Δ t2i nDCG off the percentiles of the resampled differences.
+so the difference of two models is a difference of per-query means, and a bootstrap resamples the
+test set, keeps each query's pair of results together (paired) and reads the 95 % interval of Δ rsum
+and Δ t2i nDCG off the percentiles of the resampled differences.
+
+**What is resampled** (``by``): the test set is a sample of *images*, each with its five captions, and
+a caption's result depends on its image (an image the model cannot place fails all its captions and
+its own image query). ``by="images"`` (the default) draws images with replacement and takes, for each
+drawn image, its image query and all its caption queries — both directions from the same resample, a
+cluster bootstrap. ``by="queries"`` draws image queries and caption queries independently, as if the
+5,000 captions were 5,000 independent draws; with correlated captions it is too narrow (kept to
+re-read older results and to show the difference; ``tests/test_bootstrap.py`` builds such a case).
 
 With several seeds per model (rows of the arrays, seed-matched), each query's difference is first
-averaged over the seeds, so the interval is for the seed-mean difference that the tables report.
-It measures test-query sampling only; the seed-to-seed spread is what the seed-matched std adds.
+averaged over the seeds, so the interval is for the seed-mean difference that the tables report. It
+measures test-set sampling only; training noise is what the seed-level t-interval
+(``app/experiment_stats.py``) measures. A claim needs both.
 """
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ import numpy as np
 
 RECALL_KS = (1, 5, 10)
 CHUNK_ELEMENTS = 4_000_000  # indices per resample chunk (32 MB of int64)
+RESAMPLING = ("images", "queries")
 
 
 def recall_points(first_rank: np.ndarray, ks: tuple[int, ...] = RECALL_KS) -> np.ndarray:
@@ -55,11 +64,26 @@ def paired_deltas(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> d
     return out
 
 
+def caption_images(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], n_images: int) -> np.ndarray:
+    """Each caption query's image (``t2i_image``, the row of its image among the image queries), the
+    same in both models and in every seed: the clusters of the image bootstrap."""
+    if "t2i_image" not in a or "t2i_image" not in b:
+        raise ValueError("by='images' needs t2i_image (each caption query's image) in the per-query results")
+    ia, ib = np.atleast_2d(np.asarray(a["t2i_image"])), np.atleast_2d(np.asarray(b["t2i_image"]))
+    if not (ia == ia[0]).all() or ia.shape[1:] != ib.shape[1:] or not (ib == ia[0]).all():
+        raise ValueError("the two models' caption queries belong to different images: not the same test set")
+    img = ia[0].astype(np.int64)
+    if len(img) and (img.min() < 0 or img.max() >= n_images):
+        raise ValueError(f"t2i_image must index the {n_images} image queries")
+    return img
+
+
 def resample_means(rng: np.random.Generator, d_i2t: np.ndarray, d_t2i: np.ndarray, extra: list[np.ndarray],
                    n_resamples: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Bootstrap replicates: Δ rsum (i2t and t2i queries resampled independently) and the mean of
-    each array in ``extra`` over the same resampled caption queries. Draws, per chunk of resamples,
-    the image indices then the caption indices (the reference in the tests draws the same)."""
+    """Bootstrap replicates, image and caption queries drawn independently (``by="queries"``): Δ rsum
+    and the mean of each array in ``extra`` over the same resampled caption queries. Draws, per chunk
+    of resamples, the image indices then the caption indices (the reference in the tests draws the
+    same)."""
     n_i, n_t = len(d_i2t), len(d_t2i)
     chunk = max(1, CHUNK_ELEMENTS // max(n_i, n_t, 1))
     rsum, ext = np.empty(n_resamples), [np.empty(n_resamples) for _ in extra]
@@ -73,24 +97,53 @@ def resample_means(rng: np.random.Generator, d_i2t: np.ndarray, d_t2i: np.ndarra
     return rsum, ext
 
 
+def resample_image_means(rng: np.random.Generator, d_i2t: np.ndarray, d_t2i: np.ndarray, image: np.ndarray,
+                         extra: list[np.ndarray], n_resamples: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Bootstrap replicates of the cluster bootstrap (``by="images"``): each replicate draws n images
+    with replacement; Δ rsum is the mean of their image queries' Δ plus the mean over *all their
+    caption queries* (an image drawn twice counts its captions twice). Per-image sums and counts make a
+    replicate one gather: mean_captions = Σ sums[drawn] / Σ counts[drawn]."""
+    n_i = len(d_i2t)
+    counts = np.bincount(image, minlength=n_i).astype(np.float64)
+    sums = [np.bincount(image, weights=x, minlength=n_i) for x in (d_t2i, *extra)]
+    chunk = max(1, CHUNK_ELEMENTS // max(n_i, 1))
+    rsum, ext = np.empty(n_resamples), [np.empty(n_resamples) for _ in extra]
+    for a in range(0, n_resamples, chunk):
+        c = min(chunk, n_resamples - a)
+        ii = rng.integers(0, n_i, size=(c, n_i))
+        n_cap = np.maximum(counts[ii].sum(axis=1), 1.0)  # 0 only if no drawn image has a caption
+        rsum[a:a + c] = d_i2t[ii].mean(axis=1) + sums[0][ii].sum(axis=1) / n_cap
+        for out, s in zip(ext, sums[1:]):
+            out[a:a + c] = s[ii].sum(axis=1) / n_cap
+    return rsum, ext
+
+
 def _interval(observed: float, reps: np.ndarray, level: float) -> dict:
     lo, hi = np.percentile(reps, [50 * (1 - level), 50 * (1 + level)])
     return {"delta": float(observed), "lo": float(lo), "hi": float(hi), "p_le_0": float(np.mean(reps <= 0))}
 
 
 def paired_bootstrap(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], *, n_resamples: int = 10_000,
-                     level: float = 0.95, seed: int = 0) -> dict:
-    """Δ (b − a) and its bootstrap interval for rsum and t2i nDCG over test queries.
+                     level: float = 0.95, seed: int = 0, by: str = "images") -> dict:
+    """Δ (b − a) and its bootstrap interval for rsum and t2i nDCG over the test set.
 
-    Returns ``{"rsum": {delta, lo, hi, p_le_0}, "t2i_ndcg": {...}, "n_resamples", "level",
-    "n_seeds", "n_images", "n_captions"}``; ``p_le_0`` is the share of replicates with Δ ≤ 0.
+    Returns ``{"rsum": {delta, lo, hi, p_le_0}, "t2i_ndcg": {...}, "resampling", "n_resamples",
+    "level", "n_seeds", "n_images", "n_captions"}``; ``p_le_0`` is the share of replicates with Δ ≤ 0.
+    ``by="images"`` needs ``t2i_image`` in both (``ltd eval`` writes it).
     """
     if not 0 < level < 1 or n_resamples < 1:
         raise ValueError("level must be in (0, 1) and n_resamples >= 1")
+    if by not in RESAMPLING:
+        raise ValueError(f"by must be one of {RESAMPLING}, got {by!r}")
     d = paired_deltas(a, b)
     extra = [d["ndcg"]] if "ndcg" in d else []
-    reps, ext = resample_means(np.random.default_rng(seed), d["i2t"], d["t2i"], extra, n_resamples)
-    out = {"rsum": _interval(d["i2t"].mean() + d["t2i"].mean(), reps, level),
+    rng = np.random.default_rng(seed)
+    if by == "images":
+        image = caption_images(a, b, len(d["i2t"]))
+        reps, ext = resample_image_means(rng, d["i2t"], d["t2i"], image, extra, n_resamples)
+    else:
+        reps, ext = resample_means(rng, d["i2t"], d["t2i"], extra, n_resamples)
+    out = {"rsum": _interval(d["i2t"].mean() + d["t2i"].mean(), reps, level), "resampling": by,
            "n_resamples": n_resamples, "level": level, "n_seeds": int(np.atleast_2d(a["i2t_first_rank"]).shape[0]),
            "n_images": len(d["i2t"]), "n_captions": len(d["t2i"])}
     if extra:

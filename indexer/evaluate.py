@@ -90,7 +90,10 @@ def evaluate_index(ix: IndexDir, *, relevance: str | None = "rougeL", cxc: bool 
     if mf.get("factory", "Flat") != "Flat":
         report["meta"]["index_recall@10"] = round(index_recall(ix), 4)
     if per_query:  # written by write_report as per_query.gNNNN.npz (the paired bootstrap's input)
+        # t2i_image: each caption query's image (its row among the i2t queries), so a bootstrap can
+        # resample images together with their captions
         report[PER_QUERY] = {"i2t_first_rank": i2t["first_rank"], "t2i_first_rank": t2i["first_rank"],
+                             "t2i_image": np.asarray(c2i, dtype=np.int64),
                              **({"t2i_ndcg": t2i[f"ndcg@{ndcg_k}"], "i2t_ndcg": i2t[f"ndcg@{ndcg_k}"]}
                                 if rel is not None else {})}
     return report

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -51,9 +52,22 @@ def test_demo_sentence_reports_this_run_and_claims_the_measurement_only_for_its_
     assert "LTD ends -9.5 rsum behind the baseline" in out and SMALL_BATCH_CLAIM in out
     print_comparison(reps, {}, "none", "synthetic", 128)
     out = capsys.readouterr().out
-    assert "batches of 128 captions" in out and SMALL_BATCH_CLAIM not in out and "is for batch 16" in out
+    assert "batches of 128 captions" in out and SMALL_BATCH_CLAIM not in out and "are for batch 16" in out
     print_comparison(reps, {}, "none", "karpathy", 128)
     assert "In one sentence" not in capsys.readouterr().out
+
+
+def test_demo_marks_models_whose_captions_or_targets_saw_flickr30k_or_coco_captions(capsys, monkeypatch, tmp_path):
+    from app.cli.demo import PRESETS, print_marks
+    from training.config import load_config
+
+    monkeypatch.setenv("LTD_DATA_DIR", str(tmp_path))
+    print_marks({n: load_config(p) for n, p in zip(("bl", "ltd"), PRESETS["karpathy"])})
+    out = capsys.readouterr().out.splitlines()  # MiniLM encodes both models' captions on Flickr8k
+    assert [ln.split(":")[0] for ln in out] == ["ᴹ bl", "ᴹ ltd"] and "captions are encoded by MiniLM" in out[0]
+    print_marks({n: load_config(p) for n, p in zip(("bl", "ltd"), PRESETS["synthetic"])})
+    out = capsys.readouterr().out.splitlines()  # on the scenes only LTD's targets are MiniLM's
+    assert len(out) == 1 and out[0].startswith("ᴹ ltd: its LTD targets come from all-MiniLM-L6-v2")
 
 
 @pytest.mark.slow
@@ -139,6 +153,26 @@ def test_experiment_grid_runs_and_resumes(tmp_path, capsys):
     # training time survives resumption (read from metrics.jsonl, not from the skipped invocation)
     assert [r["train_s"] for r in res2["runs"]] == [r["train_s"] for r in res["runs"]]
     assert all(r["train_s"] > 0 for r in res2["runs"]) and "## Training time" in (out / "results.md").read_text()
+    pair = res2["paired"][0]
+    assert pair["bootstrap"]["resampling"] == "images" and pair["verdict"] and pair["rsum"]["n"] == 2
+    # --render: nothing trained; a run without its test report (a grid still running) is left out
+    (out / "indexes" / "baseline" / "seed1" / "test" / "report.json").unlink()
+    assert main(["experiment", "--config", str(gpath), "--out", str(out), "--render"]) == 0
+    assert {p: p.stat().st_mtime for p in out.rglob("checkpoint.pt")} == mtimes
+    part = json.loads((out / "results.json").read_text())
+    assert part["partial"] and {(r["cell"], r["seed"]) for r in part["runs"]} == {("baseline", 0), ("ltd", 0), ("ltd", 1)}
+    assert "**Partial**" in (out / "results.md").read_text()
+    # --render without --config: a results.json whose runs are gone (a docs/results copy) keeps its bootstrap
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for r in res2["runs"]:
+        r["index_root"] = str(tmp_path / "gone")
+    (copy / "results.json").write_text(json.dumps({**res2, "paired": [{**pair, "bootstrap": {
+        k: v for k, v in pair["bootstrap"].items() if k != "resampling"}}]}))
+    assert main(["experiment", "--render", "--out", str(copy)]) == 0
+    again = json.loads((copy / "results.json").read_text())["paired"][0]
+    assert again["bootstrap"]["resampling"] == "queries" and again["bootstrap"]["rsum"] == pair["bootstrap"]["rsum"]
+    assert "† older runs" in (copy / "results.md").read_text()
 
 
 def test_experiment_grid_validation(tmp_path):
@@ -179,8 +213,11 @@ def test_shipped_grids_are_valid(monkeypatch, tmp_path):
         assert load_grid(g).cells
 
 
-def test_paired_differences_match_by_seed():
-    from app.experiment import paired_differences, render_results
+def test_seed_matched_differences_and_their_t_interval():
+    from scipy import stats
+
+    from app.experiment_report import render_results
+    from app.experiment_stats import seed_matched
 
     def run(cell, seed, rsum, ndcg):
         return {"cell": cell, "seed": seed, "reports": {"test": {"rsum": rsum, "t2i_nDCG@25_rougeL": ndcg}}}
@@ -192,12 +229,40 @@ def test_paired_differences_match_by_seed():
     results = {"name": "g", "base": "b", "common": [], "seeds": [0, 1, 2], "eval_split": "test",
                "val_split": "val", "selection": {}, "runs": runs, "summary": summary,
                "machine": {"cpu": "x", "cores": 2}}
-    d = paired_differences(results, "test")
-    assert set(d) == {"ltd"} and d["ltd"]["values"] == [4.0, -1.0, 3.0] and d["ltd"]["ahead"] == 2
-    assert abs(d["ltd"]["mean"] - 2.0) < 1e-9 and abs(d["ltd"]["std"] - 2.6457513) < 1e-6
+    d = seed_matched(results, "test", "baseline", "ltd")
+    assert seed_matched(results, "test", "baseline", "itd") is None
+    assert d["values"] == [4.0, -1.0, 3.0] and d["ahead"] == 2 and d["seeds"] == [0, 1, 2]
+    assert abs(d["mean"] - 2.0) < 1e-9 and abs(d["std"] - 2.6457513) < 1e-6
+    lo, hi = stats.t.interval(0.95, 2, loc=2.0, scale=stats.sem([4.0, -1.0, 3.0]))
+    assert (d["lo"], d["hi"]) == pytest.approx((lo, hi))
     md = render_results(results)
     assert "## Paired comparisons" in md
-    assert "| test | baseline | ltd | +2.0 ± 2.6 | 2/3 | – | +0.0133 ± 0.0153 | 2/3 | – |" in md
+    assert f"| test | baseline | ltd | +2.0 ± 2.6 | 2/3 | [{lo:+.1f}, {hi:+.1f}] | – | not shown (~" in md
+
+
+def test_t_interval_matches_scipy_and_the_verdict_needs_both_intervals():
+    from scipy import stats
+
+    from app.experiment_stats import t_interval, verdict
+
+    rng = np.random.default_rng(0)
+    for n in (2, 3, 5, 9):
+        x = rng.normal(1.0, 2.0, n)
+        got = t_interval(list(x))
+        lo, hi = stats.t.interval(0.95, n - 1, loc=x.mean(), scale=stats.sem(x))
+        assert (got["lo"], got["hi"]) == pytest.approx((lo, hi)) and got["n"] == n
+        # the fewest seeds whose interval would exclude 0 at this mean and sd
+        need = got["seeds_needed"]
+        half = lambda m: stats.t.ppf(0.975, m - 1) * x.std(ddof=1) / np.sqrt(m)  # noqa: E731
+        assert need > 50 or (half(need) < abs(x.mean()) and (need == 2 or half(need - 1) >= abs(x.mean())))
+    ahead = t_interval([5.0, 6.0, 7.0])
+    assert verdict(ahead, None) == "ahead"
+    assert verdict(ahead, {"lo": 0.5, "hi": 3.0, "resampling": "images"}) == "ahead"
+    assert verdict(ahead, {"lo": -0.5, "hi": 3.0, "resampling": "images"}) == "not shown (test set)"
+    assert verdict(ahead, {"lo": -0.5, "hi": 3.0, "resampling": "queries"}) == "ahead"  # † not used
+    assert verdict(t_interval([-5.0, -6.0, -7.0]), None) == "behind"
+    assert verdict(t_interval([6.0, -1.0, 3.0]), None).startswith("not shown (~")
+    assert verdict(None, None) == "–"
 
 
 def test_grid_overrides_substitute_seed_next_seed_and_out(tmp_path):
@@ -221,3 +286,25 @@ def test_the_clean_preset_is_the_grids_headline_cell(monkeypatch, tmp_path):
     for d in (measured, preset):  # the grid's base is the MiniLM preset; its sbert options do not apply to a bi-GRU
         d["model"] = {k: v for k, v in d["model"].items() if not k.startswith("sbert_")}
     assert preset == measured
+
+
+def test_a_set_sweep_tunes_several_keys_per_value(tmp_path):
+    """``sweep: {set: [[k=v, ...], ...]}``: each value is a setting of several keys (a baseline tuned over τ
+    and the learning rate); its overrides are validated up front and its label names every key."""
+    from app.grid import load_grid, sweep_label, sweep_sets
+    from training.config import ConfigError
+    from training.errors import UserError
+
+    v = ["loss.tau=0.1", "optim.lr=2.5e-4"]
+    assert sweep_sets("set", v) == v and sweep_sets("loss.eta", 0.2) == ["loss.eta=0.2"]
+    assert sweep_label("bl", "set", v) == "bl@tau=0.1,lr=2.5e-4"
+    assert sweep_label("ltd", "loss.eta", 0.2) == "ltd@eta=0.2"
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        sweep_sets("set", "loss.tau=0.1")
+    p = tmp_path / "g.yaml"
+    p.write_text(yaml.safe_dump({"cells": [{"name": "a", "sweep": {"set": [v, ["loss.tau=-1", "optim.lr=1e-3"]]}}]}))
+    with pytest.raises(ConfigError, match="tau"):
+        load_grid(p)
+    p.write_text(yaml.safe_dump({"cells": [{"name": "a", "sweep": {"set": [["nope"]]}}]}))
+    with pytest.raises(UserError, match="cell a: a 'set' sweep value is a list of KEY=VALUE"):
+        load_grid(p)
