@@ -160,3 +160,132 @@ def _assert_same_training(one: dict, two: list[dict], mode: str) -> None:
     if mode == "constraint":
         assert two[0]["lambda_next"] == two[1]["lambda_next"]
         assert [row["lambda"] for row in two[0]["rows"]] == [row["lambda"] for row in two[1]["rows"]]
+
+
+# ---- the launcher end to end -----------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _train_args(run: Path, *extra: str) -> list[str]:
+    from conftest import TINY
+
+    args = ["train", "--config", "synthetic_baseline", "--out", str(run), "--no-progress"]
+    for s in TINY + ["loss.mode=constraint", "loss.eta=0.5", "train.batch_size=16", *extra]:
+        args += ["--set", s]
+    return args
+
+
+def _launch(args: list[str]):
+    """``python -m app.cli <args>`` in its own session (so a failed test can stop all of it)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(proc, timeout: float = 600) -> tuple[int, str]:
+    import os
+    import signal
+
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, out
+
+
+def _rows(run: Path, kind: str = "step") -> list[dict]:
+    import json
+
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["type"] == kind]
+
+
+def _assert_rows_close(a: list[dict], b: list[dict], rel: float) -> None:
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b):
+        for k in ("loss", "l_con", "l_rec", "lambda"):
+            assert ra[k] == pytest.approx(rb[k], rel=rel, abs=1e-6), (ra["step"], k)
+
+
+@pytest.mark.slow
+def test_ltd_train_nproc_2_then_index_and_eval(tmp_path):
+    """`ltd train --nproc 2` logs (once, from rank 0) what one process logs on the same global batches,
+    and its checkpoint indexes and evaluates like any other."""
+    import json
+
+    from app.cli import main
+
+    code, out = _finish(_launch(_train_args(tmp_path / "two") + ["--nproc", "2"]))
+    assert code == 0, out
+    assert json.loads(out.strip().splitlines()[-1])["run_dir"] == str(tmp_path / "two")  # one summary line
+    assert out.count("epoch 1/2") == 1  # one voice: rank 1 logs warnings only
+    assert main(_train_args(tmp_path / "one")) == 0
+    _assert_rows_close(_rows(tmp_path / "two"), _rows(tmp_path / "one"), rel=1e-4)
+    assert [v["rsum"] for v in _rows(tmp_path / "two", "val")] == pytest.approx(
+        [v["rsum"] for v in _rows(tmp_path / "one", "val")], abs=1.0)
+    from training.prepare import resolve_dataset_path
+
+    ds = resolve_dataset_path("", synthetic_images=60)
+    ix = tmp_path / "ix"
+    assert main(["index", "--checkpoint", str(tmp_path / "two" / "best.pt"), "--dataset", str(ds), "--split", "test",
+                 "--out", str(ix), "--no-progress"]) == 0
+    assert main(["eval", "--index", str(ix)]) == 0
+    assert json.loads((ix / "report.json").read_text())["rsum"] > 0
+
+
+def _worker_pids(launcher_pid: int) -> list[int]:
+    path = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+@pytest.mark.slow
+def test_a_killed_rank_stops_the_run_and_resume_continues(tmp_path):
+    """SIGKILL one of two processes mid-run: the launcher exits non-zero within 60 s. Resumed on 2
+    processes the run ends exactly where an uninterrupted one does; resumed on 1 it continues from
+    the checkpoint's step and follows the same trajectory (up to float noise)."""
+    import os
+    import shutil
+    import signal
+    import time
+
+    import torch
+
+    from app.cli import main
+    from training.checkpoint import load_checkpoint
+
+    extra = ("train.epochs=4", "train.checkpoint_every=3")
+    full = _launch(_train_args(tmp_path / "full", *extra) + ["--nproc", "2"])
+    assert _finish(full)[0] == 0
+
+    run = tmp_path / "killed"
+    proc = _launch(_train_args(run, *extra) + ["--nproc", "2"])
+    deadline = time.monotonic() + 300
+    while not (run / "checkpoint.pt").exists() or len(_worker_pids(proc.pid)) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
+        time.sleep(0.05)
+    os.kill(max(_worker_pids(proc.pid)), signal.SIGKILL)
+    killed_at = time.monotonic()
+    code, out = _finish(proc, timeout=60)
+    assert code != 0 and time.monotonic() - killed_at < 60, out
+    at = load_checkpoint(run / "checkpoint.pt")["step"]
+    total = max(r["step"] for r in _rows(tmp_path / "full"))
+    assert 0 < at < total
+
+    shutil.copytree(run, tmp_path / "on_one")
+    code, out = _finish(_launch(_train_args(run, *extra) + ["--nproc", "2", "--resume"]))
+    assert code == 0, out
+    _assert_rows_close(_rows(run), _rows(tmp_path / "full"), rel=1e-6)
+    a = load_checkpoint(run / "checkpoint.pt")["model"]
+    b = load_checkpoint(tmp_path / "full" / "checkpoint.pt")["model"]
+    for k in b:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-6, atol=1e-7, msg=k)
+
+    assert main(_train_args(tmp_path / "on_one", *extra) + ["--resume"]) == 0
+    rows = _rows(tmp_path / "on_one")
+    assert [r["step"] for r in rows] == list(range(1, total + 1))  # continues, no step repeated or lost
+    _assert_rows_close([r for r in rows if r["step"] > at], [r for r in _rows(tmp_path / "full") if r["step"] > at],
+                       rel=1e-3)
