@@ -276,8 +276,10 @@ def test_a_killed_rank_stops_the_run_and_resume_continues(tmp_path):
     assert 0 < at < total
 
     shutil.copytree(run, tmp_path / "on_one")
-    code, out = _finish(_launch(_train_args(run, *extra) + ["--nproc", "2", "--resume"]))
-    assert code == 0, out
+    from app.pipeline import launch_train_run  # what `ltd experiment` schedules for a cell with nproc: 2
+
+    launch_train_run(tiny_config("constraint", ["train.batch_size=16", *extra]), run, nproc=2, resume=True,
+                     show_progress=False)
     _assert_rows_close(_rows(run), _rows(tmp_path / "full"), rel=1e-6)
     a = load_checkpoint(run / "checkpoint.pt")["model"]
     b = load_checkpoint(tmp_path / "full" / "checkpoint.pt")["model"]
@@ -289,3 +291,38 @@ def test_a_killed_rank_stops_the_run_and_resume_continues(tmp_path):
     assert [r["step"] for r in rows] == list(range(1, total + 1))  # continues, no step repeated or lost
     _assert_rows_close([r for r in rows if r["step"] > at], [r for r in _rows(tmp_path / "full") if r["step"] > at],
                        rel=1e-3)
+
+
+class _Scheduled(Exception):
+    pass
+
+
+def test_grids_schedule_runs_on_several_processes(tmp_path, monkeypatch):
+    """A grid's ``nproc`` (overridden by ``ltd experiment --nproc``, a cell's own winning) reaches each
+    run's job; 0 processes is refused when the grid is read."""
+    import yaml
+
+    from app import experiment
+    from app.grid import load_grid
+    from conftest import TINY
+    from training.config import ConfigError
+
+    p = tmp_path / "g.yaml"
+    p.write_text(yaml.safe_dump({"set": TINY, "nproc": 2, "cells": [{"name": "a"}, {"name": "b", "nproc": 1}]}))
+    jobs = []
+
+    def scheduled(js, n_jobs):
+        jobs.extend(js)
+        if js:
+            raise _Scheduled
+        return []
+
+    monkeypatch.setattr(experiment, "_run_all", scheduled)
+    for cli, want in ((None, {"a": 2, "b": 1}), (3, {"a": 3, "b": 1})):
+        jobs.clear()
+        with pytest.raises(_Scheduled):
+            experiment.run_grid(load_grid(p), tmp_path / "exp", nproc=cli)
+        assert {j.cell: j.nproc for j in jobs} == want
+    p.write_text(yaml.safe_dump({"set": TINY, "cells": [{"name": "a", "nproc": 0}]}))
+    with pytest.raises(ConfigError, match="nproc"):
+        load_grid(p)
