@@ -132,15 +132,26 @@ def scale_gradient(x: Tensor, factor: float) -> Tensor:
     return d + factor * (x - d)
 
 
-def mean_over_ranks(local_mean: Tensor, shard: Shard) -> Tensor:
+def mean_over_ranks(local_mean: Tensor, shard: Shard, share: float | None = None) -> Tensor:
     """The global batch's mean from each rank's mean over its own rows: the value is Σ_r share_r · mean_r
     (all-reduced, identical on every rank); the gradient flows to this rank's mean, scaled W · share so
-    that DDP's average over the ranks is the gradient of the global mean."""
+    that DDP's average over the ranks is the gradient of the global mean. ``share``: this rank's weight
+    when the mean is not over rows (a mean over tokens: :func:`share_of` its token count); default its
+    share of the rows."""
     if shard.world == 1:
         return local_mean
-    total = (local_mean.detach().float() * shard.share).reshape(1)
+    share = shard.share if share is None else share
+    total = (local_mean.detach().float() * share).reshape(1)
     dist.all_reduce(total)
-    return total[0] + shard.world * shard.share * (local_mean - local_mean.detach())
+    return total[0] + shard.world * share * (local_mean - local_mean.detach())
+
+
+def share_of(count: Tensor) -> float:
+    """This rank's fraction of a count summed over the ranks (e.g. the batch's non-padding tokens)."""
+    c = count.detach().to(torch.float64).reshape(1)
+    total = c.clone()
+    dist.all_reduce(total)
+    return float(c / total.clamp_min(1))
 
 
 def mean_of_scalars(values: dict[str, Tensor], shard: Shard) -> dict[str, Tensor]:

@@ -132,7 +132,10 @@ class TrainingObjective(nn.Module):
         con["loss"] = distributed.scale_gradient(con["loss"], shard.world)
         rec = None if self.reconstruction is None else self._reconstruct(txt, decoder, captions, targets, img)
         if rec is not None and shard.world > 1:
-            rec = {"loss": distributed.mean_over_ranks(rec["loss"], shard),
+            # a mean over tokens (ITD's default) weighs each rank by its tokens, a mean over captions by its rows
+            share = distributed.share_of(rec["n_tokens"]) if self.needs.tokens and self.cfg.itd_reduction == "mean" \
+                else None
+            rec = {"loss": distributed.mean_over_ranks(rec["loss"], shard, share),
                    **distributed.mean_of_scalars({k: v for k, v in rec.items() if k != "loss"}, shard)}
         out = self.combiner(con["loss"], None if rec is None else rec["loss"])
         for prefix, terms in (("con", con), ("rec", rec or {})):  # the losses' own scalar diagnostics
