@@ -162,8 +162,7 @@ def mean_of_scalars(values: dict[str, Tensor], shard: Shard) -> dict[str, Tensor
     keys = list(values)
     w = torch.tensor([1.0 if not values[k].is_floating_point() else shard.share for k in keys], dtype=torch.float64)
     vec = torch.stack([values[k].detach().to(torch.float64).cpu() for k in keys]) * w
-    dev = next(iter(values.values())).device
-    vec = vec.to(dev if dist.get_backend() == "nccl" else "cpu")
+    vec = vec.to(_comm_device())
     dist.all_reduce(vec)
     return {k: vec[i].to(values[k].dtype).to(values[k].device) for i, k in enumerate(keys)}
 
@@ -175,26 +174,27 @@ def rank_seed(step_seed: int, rank: int) -> int:
 
 
 # ---- agreement between the processes -------------------------------------------------------------------
-def broadcast_float(value: float, device: torch.device | None = None) -> float:
+def broadcast_float(value: float) -> float:
     """Rank 0's ``value`` on every rank (rank 0 validates; all ranks act on its result)."""
     if not (dist.is_available() and dist.is_initialized()):
         return value
-    t = torch.tensor([value], dtype=torch.float64, device=_comm_device(device))
+    t = torch.tensor([value], dtype=torch.float64, device=_comm_device())
     dist.broadcast(t, src=0)
     return float(t[0])
 
 
-def gather_ints(value: int, device: torch.device | None = None) -> list[int]:
+def gather_ints(value: int) -> list[int]:
     """Every rank's ``value`` (e.g. the step each resumed from), on every rank."""
     if not (dist.is_available() and dist.is_initialized()):
         return [value]
-    t = torch.tensor([value], dtype=torch.int64, device=_comm_device(device))
+    t = torch.tensor([value], dtype=torch.int64, device=_comm_device())
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t)
     return [int(o[0]) for o in out]
 
 
-def _comm_device(device: torch.device | None) -> torch.device:
+def _comm_device() -> torch.device:
+    """Where a collective's tensors live: NCCL's on this process's GPU, gloo's on the CPU."""
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

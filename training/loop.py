@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch.optim.swa_utils import AveragedModel
 
+from training import distributed
 from training.checkpoint import (
     TrainingProgress,
     load_checkpoint,
@@ -35,7 +36,6 @@ from training.checkpoint import (
     save_checkpoint,
     training_checkpoint,
 )
-from training import distributed
 from training.config import Config, dump_config
 from training.data.global_batches import epoch_batches
 from training.data.image_batches import AugmentedImageBatches
@@ -110,7 +110,7 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
         # ---- validation, best checkpoint, curriculum, checkpoint ---------------------------------
         weights = swa_model.module if swa_model is not None else r.model
         rsum = float(run_validation(r, validate, weights, epoch=epoch + 1).get("rsum", -1.0))
-        rsum = distributed.broadcast_float(rsum, device)  # rank 0 validated: every process acts on its result
+        rsum = distributed.broadcast_float(rsum)  # rank 0 validated: every process acts on its result
         improved = validate is None or rsum > r.at.best["rsum"]
         r.at.epoch, r.at.step_in_epoch = epoch + 1, 0
         r.objective.end_epoch(improved)  # the sh → mh curriculum counts the epochs without val gain
@@ -192,7 +192,7 @@ def set_up(cfg: Config, data: TrainingData, device: torch.device, run_dir: Path,
 def check_same_start(r: Run) -> None:
     """Every process must continue from the same step: a run folder that one machine sees and another
     does not would otherwise split the run silently."""
-    steps = distributed.gather_ints(r.at.step, r.device)
+    steps = distributed.gather_ints(r.at.step)
     if len(set(steps)) > 1:
         raise RuntimeError(f"the processes start from different steps {steps}: put the run folder on storage "
                            "that every machine sees (each process reads the checkpoint)")
