@@ -20,11 +20,12 @@ def check_nproc(nproc: int, device: str) -> None:
     import torch
 
     from training.distributed import backend_for
+    from training.errors import Unavailable, UserValueError
 
     if nproc < 1:
-        raise ValueError(f"--nproc must be >= 1, got {nproc}")
+        raise UserValueError(f"--nproc must be >= 1, got {nproc}")
     if backend_for(device) == "nccl" and nproc > torch.cuda.device_count():
-        raise ValueError(f"--nproc {nproc} on CUDA needs {nproc} GPUs (one process per GPU); "
+        raise Unavailable(f"--nproc {nproc} on CUDA needs {nproc} GPUs (one process per GPU); "
                          f"{torch.cuda.device_count()} visible")
 
 

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from training.data.global_batches import Shard
+from training.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +85,13 @@ def init_from_env(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) ->
     if not launched() or (dist.is_available() and dist.is_initialized()):
         return current()
     if not dist.is_available():
-        raise RuntimeError("this PyTorch build has no torch.distributed: train with one process")
+        raise Unavailable("this PyTorch build has no torch.distributed: train with one process")
     backend = backend_for(device)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     kwargs = {}
     if backend == "nccl":
         if local_rank >= torch.cuda.device_count():
-            raise RuntimeError(f"process LOCAL_RANK={local_rank} has no GPU: {torch.cuda.device_count()} visible "
+            raise Unavailable(f"process LOCAL_RANK={local_rank} has no GPU: {torch.cuda.device_count()} visible "
                                "(one process per GPU: --nproc-per-node at most the GPU count)")
         torch.cuda.set_device(local_rank)
         kwargs["device_id"] = torch.device("cuda", local_rank)

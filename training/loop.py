@@ -194,7 +194,7 @@ def check_same_start(r: Run) -> None:
     does not would otherwise split the run silently."""
     steps = distributed.gather_ints(r.at.step)
     if len(set(steps)) > 1:
-        raise RuntimeError(f"the processes start from different steps {steps}: put the run folder on storage "
+        raise Unavailable(f"the processes start from different steps {steps}: put the run folder on storage "
                            "that every machine sees (each process reads the checkpoint)")
 
 

@@ -74,9 +74,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / run_name(cfg, args.config)
     from app.pipeline import train_run
     from training import distributed
+    from training.errors import UserValueError
 
     if distributed.launched() and args.nproc > 1:
-        raise ValueError("--nproc starts processes itself: under torchrun, --nproc-per-node sets the count")
+        raise UserValueError("--nproc starts processes itself: under torchrun, --nproc-per-node sets the count")
     if args.nproc > 1:
         from app.launch import launch_local
 
