@@ -9,10 +9,54 @@ group's timeout (``--dist-timeout``): its peers' collectives fail and they exit.
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import os
+from collections.abc import Callable
+from pathlib import Path
 
 log = logging.getLogger("ltd.launch")
+DEFAULT_TIMEOUT_S = 1800.0  # = training.distributed.DEFAULT_TIMEOUT_S (not imported: `ltd --help` stays torch-free)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``--nproc`` and ``--dist-timeout`` of a training command."""
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="data-parallel processes on this machine (gloo on the CPU, NCCL with one GPU each on CUDA); "
+                        "the batch size stays the global batch. Several machines: torchrun … -m app.cli …")
+    p.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                   help="data parallel: how long a process waits for a silent peer before it gives up and exits "
+                        "(it must cover rank 0's validation; default %(default)s)")
+
+
+def worker_args(args: argparse.Namespace, command: list[str], out: Path, extra: list[str] = ()) -> list[str]:
+    """The arguments each launched process runs: ``command`` with the caller's own (all but ``--nproc``)."""
+    argv = [*command, "--out", str(out), "--dist-timeout", str(args.dist_timeout), *extra]
+    argv += ["--config", args.config] if args.config else []
+    for s in args.set:
+        argv += ["--set", s]
+    return argv + ["--resume"] * args.resume + ["--no-progress"] * args.no_progress + ["-v"] * getattr(args, "verbose", False)
+
+
+def data_parallel_command(args: argparse.Namespace, device: str, worker_argv: list[str],
+                          body: Callable[[], object]) -> tuple[int, object | None]:
+    """A training command under ``--nproc`` / torchrun. ``--nproc N``: start N processes that run
+    ``worker_argv`` and return (their exit status, None). Otherwise (alone, or one of a launcher's
+    processes): join the group, run ``body()`` and return (0, its result) — the result on rank 0 only,
+    the one process that reports (None on the others)."""
+    from training import distributed
+    from training.errors import UserValueError
+
+    if distributed.launched() and args.nproc > 1:
+        raise UserValueError("--nproc starts processes itself: under torchrun, --nproc-per-node sets the count")
+    if args.nproc > 1:
+        return launch_local(args.nproc, worker_argv, device=device), None
+    rank = distributed.init_from_env(device, args.dist_timeout)  # a no-op unless launched
+    try:
+        result = body()
+    finally:
+        distributed.shutdown()
+    return 0, result if rank.main else None
 
 
 def check_nproc(nproc: int, device: str) -> None:

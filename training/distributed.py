@@ -168,6 +168,27 @@ def mean_of_scalars(values: dict[str, Tensor], shard: Shard) -> dict[str, Tensor
     return {k: vec[i].to(values[k].dtype).to(values[k].device) for i, k in enumerate(keys)}
 
 
+def average_gradients(params) -> None:
+    """DDP's gradient averaging by hand, for a model whose step is not one forward (the captioner's: an
+    encoder, a teacher-forced or sampling loop over its decoder) — DDP only synchronises gradients of a
+    forward it ran. One all-reduce of all gradients flattened; a parameter without a gradient counts as
+    zeros (every rank runs the same code, so the same ones lack it)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    params = [p for p in params if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for p in params:
+        n = p.grad.numel()
+        p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+        offset += n
+
+
 def rank_seed(step_seed: int, rank: int) -> int:
     """The global generator's seed for a step on ``rank`` (dropout masks): rank 0 keeps the step's seed,
     so one process trains exactly as before; the others draw masks of their own."""
@@ -192,6 +213,15 @@ def gather_ints(value: int) -> list[int]:
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t)
     return [int(o[0]) for o in out]
+
+
+def check_same_step(step: int) -> None:
+    """Every process must continue from the same step: a run folder that one machine sees and another
+    does not would otherwise split the run silently (each process reads the checkpoint)."""
+    steps = gather_ints(step)
+    if len(set(steps)) > 1:
+        raise Unavailable(f"the processes start from different steps {steps}: put the run folder on storage "
+                          "that every machine sees (each process reads the checkpoint)")
 
 
 def _comm_device() -> torch.device:

@@ -85,7 +85,7 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
         r.at = restore_training(ckpt, r.model, r.optimizer, r.scheduler, r.scaler if r.scaler.is_enabled() else None)
         r.objective.load_checkpoint_state(ckpt)
         log.info("resumed %s at epoch %d step %d", run_dir, r.at.epoch, r.at.step)
-    check_same_start(r)
+    distributed.check_same_step(r.at.step)
     r.encoders = distributed.data_parallel(StepEncoders(r.model), device)
     if rank.main:
         dump_config(cfg, run_dir / "config.yaml")
@@ -187,15 +187,6 @@ def set_up(cfg: Config, data: TrainingData, device: torch.device, run_dir: Path,
                scaler=torch.amp.GradScaler("cuda", enabled=dtype == torch.float16 and device.type == "cuda"),
                autocast_dtype=dtype, backbone_params=backbone_params, train_img=train_img, rank=rank,
                encoders=StepEncoders(model))
-
-
-def check_same_start(r: Run) -> None:
-    """Every process must continue from the same step: a run folder that one machine sees and another
-    does not would otherwise split the run silently."""
-    steps = distributed.gather_ints(r.at.step)
-    if len(set(steps)) > 1:
-        raise Unavailable(f"the processes start from different steps {steps}: put the run folder on storage "
-                           "that every machine sees (each process reads the checkpoint)")
 
 
 def autocast_dtype(device_type: str, tc) -> torch.dtype | None:

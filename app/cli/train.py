@@ -6,8 +6,9 @@ import json
 import logging
 from pathlib import Path
 
+from app.launch import add_arguments, data_parallel_command, worker_args
+
 log = logging.getLogger("ltd.train")
-DEFAULT_TIMEOUT_S = 1800.0  # training.distributed.DEFAULT_TIMEOUT_S (not imported: --help stays torch-free)
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -19,12 +20,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--list-presets", action="store_true", help="print the shipped presets and exit")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    p.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help="data-parallel processes on this machine (gloo on the CPU, NCCL with one GPU each on CUDA); "
-                        "train.batch_size stays the global batch. Several machines: torchrun … -m app.cli train …")
-    p.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
-                   help="data parallel: how long a process waits for a silent peer before it gives up and exits "
-                        "(it must cover rank 0's validation; default %(default)s)")
+    add_arguments(p)
     p.set_defaults(func=cmd_train)
 
     q = sub.add_parser("plot", parents=[common], help="training curves (λ, L_rec with η, L_con, val rsum) as PNGs")
@@ -73,36 +69,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
     out = Path(args.out) if args.out else Path("runs") / run_name(cfg, args.config)
     from app.pipeline import train_run
-    from training import distributed
-    from training.errors import UserValueError
 
-    if distributed.launched() and args.nproc > 1:
-        raise UserValueError("--nproc starts processes itself: under torchrun, --nproc-per-node sets the count")
-    if args.nproc > 1:
-        from app.launch import launch_local
-
-        return launch_local(args.nproc, worker_args(args, out), device=cfg.train.device)
-    rank = distributed.init_from_env(cfg.train.device, args.dist_timeout)  # a no-op unless launched
-    try:
-        res = train_run(cfg, out, resume=args.resume, show_progress=not args.no_progress)
-    finally:
-        distributed.shutdown()
-    if not rank.main:
-        return 0
-    print(json.dumps({"run_dir": str(res.run_dir), "best_val_rsum": round(res.best_rsum, 2),
-                      "best_epoch": res.best_epoch, "seconds": round(res.seconds, 1),
-                      "best_checkpoint": str(res.run_dir / "best.pt")}))
-    return 0
-
-
-def worker_args(args: argparse.Namespace, out: Path) -> list[str]:
-    """The ``ltd train`` arguments each launched process runs (everything but ``--nproc``)."""
-    argv = ["train", "--out", str(out), "--dist-timeout", str(args.dist_timeout)]
-    argv += ["--config", args.config] if args.config else []
-    for s in args.set:
-        argv += ["--set", s]
-    argv += ["--resume"] * args.resume + ["--no-progress"] * args.no_progress + ["-v"] * getattr(args, "verbose", False)
-    return argv
+    code, res = data_parallel_command(args, cfg.train.device, worker_args(args, ["train"], out), lambda: train_run(
+        cfg, out, resume=args.resume, show_progress=not args.no_progress))
+    if res is not None:
+        print(json.dumps({"run_dir": str(res.run_dir), "best_val_rsum": round(res.best_rsum, 2),
+                          "best_epoch": res.best_epoch, "seconds": round(res.seconds, 1),
+                          "best_checkpoint": str(res.run_dir / "best.pt")}))
+    return code
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
