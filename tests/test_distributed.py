@@ -37,6 +37,23 @@ def test_global_batches_do_not_depend_on_the_process_count():
     assert [b.tolist() for b in eight] == [b.tolist() for b in one[:-1]]
 
 
+def test_launched_processes_run_the_command_without_nproc():
+    """`ltd train --nproc 2 …` starts processes that run the same command, less --nproc; the parser's
+    default timeout is training.distributed's (kept apart so that `ltd --help` needs no torch)."""
+    from app import launch
+    from app.cli.parser import build_parser
+    from training.distributed import DEFAULT_TIMEOUT_S
+
+    parser, _ = build_parser()
+    args = parser.parse_args(["train", "--config", "c.yaml", "--set", "a.b=1", "--set", "c=2", "--resume", "--nproc",
+                              "2", "--no-progress", "--dist-timeout", "60"])
+    again = parser.parse_args(launch.worker_args(args, ["train"], Path("runs/x")))
+    assert "--nproc" not in launch.worker_args(args, ["train"], Path("runs/x")) and again.nproc == 1
+    assert (again.config, again.set, again.resume, again.no_progress, again.out, again.dist_timeout) == \
+        ("c.yaml", ["a.b=1", "c=2"], True, True, "runs/x", 60.0)
+    assert launch.DEFAULT_TIMEOUT_S == DEFAULT_TIMEOUT_S
+
+
 # ---- the objective over the global batch -------------------------------------------------------
 def _inputs(n: int):
     g = torch.Generator().manual_seed(0)
