@@ -15,6 +15,10 @@ InfoNCE + the LTD constraint, global batch 128; ``--set`` overrides), an untimed
 * ``N processes`` — every ``--nproc`` above 1 (CUDA: default every visible GPU, one each), each taking
   1/N of the global batch and gathering the others' embeddings.
 
+Beside the wall clock, rank 0's CPU time per step (its threads' own work, waiting excluded): on a CPU
+shared with other work the wall clock measures the contention as much as the code, while the CPU time
+shows how the work splits between the processes.
+
 On the CPU every process gets ``--threads`` torch threads (default 1), so N processes use N cores. The
 first step's loss of every row is reported beside the plain one's: the same global batch must give the
 same loss. steps/s are comparable only within one run (same machine, same load).
@@ -97,11 +101,11 @@ def _time_steps(opts: dict) -> dict:
 
     steps(0, opts["warmup"])
     sync()
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     steps(opts["warmup"], opts["steps"])
     sync()
-    dt = (time.perf_counter() - t) / opts["steps"]
-    return {"ms_per_step": dt * 1000, "steps_per_s": 1 / dt, "first_loss": losses[0],
+    dt, dcpu = (time.perf_counter() - t) / opts["steps"], (time.process_time() - cpu) / opts["steps"]
+    return {"ms_per_step": dt * 1000, "steps_per_s": 1 / dt, "cpu_ms_per_step": dcpu * 1000, "first_loss": losses[0],
             "global_batch": cfg.train.batch_size, "steps": opts["steps"]}
 
 
@@ -125,11 +129,13 @@ def render(res: dict) -> str:
     L += [f"`{res['config']}` on the embedded scenes, global batch {res['rows'][0]['global_batch']}, "
           f"{res['rows'][0]['steps']} timed steps after a warm-up, {per}. Every row trains on the same "
           "global batches; its first loss is compared with the plain process's (a check, not a timing).", "",
-          "| configuration | ms / step | steps / s | vs 1 process | first-loss gap |", "|---|---:|---:|---:|---:|"]
+          "| configuration | ms / step | steps / s | vs 1 process | rank 0 CPU ms / step | first-loss gap |",
+          "|---|---:|---:|---:|---:|---:|"]
     base = res["rows"][0]
     for row in res["rows"]:
         L.append(f"| {row['label']} | {row['ms_per_step']:.1f} | {row['steps_per_s']:.2f} | "
-                 f"{row['steps_per_s'] / base['steps_per_s']:.2f}× | {row['first_loss'] - base['first_loss']:+.1e} |")
+                 f"{row['steps_per_s'] / base['steps_per_s']:.2f}× | {row.get('cpu_ms_per_step', float('nan')):.1f} | "
+                 f"{row['first_loss'] - base['first_loss']:+.1e} |")
     return "\n".join(L + [""] + res.get("notes", []))
 
 

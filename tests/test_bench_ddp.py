@@ -25,13 +25,16 @@ def test_render_reports_each_row_against_the_plain_process():
     row = {"global_batch": 128, "steps": 20}
     res = {"device": "cuda", "machine": "GPU X", "date": "2026-11-26", "load1": 0.5, "config": "synthetic_ltd",
            "threads": 1, "command": "python bench/ddp_steps.py --device cuda",
-           "rows": [{**row, "label": "1 process", "ms_per_step": 10.0, "steps_per_s": 100.0, "first_loss": 3.0},
-                    {**row, "label": "1 process, DDP", "ms_per_step": 12.5, "steps_per_s": 80.0, "first_loss": 3.0},
-                    {**row, "label": "8 processes", "ms_per_step": 2.0, "steps_per_s": 500.0, "first_loss": 3.00001}]}
+           "rows": [{**row, "label": "1 process", "ms_per_step": 10.0, "steps_per_s": 100.0, "cpu_ms_per_step": 9.5,
+                     "first_loss": 3.0},
+                    {**row, "label": "1 process, DDP", "ms_per_step": 12.5, "steps_per_s": 80.0, "cpu_ms_per_step": 9.0,
+                     "first_loss": 3.0},
+                    {**row, "label": "8 processes", "ms_per_step": 2.0, "steps_per_s": 500.0, "cpu_ms_per_step": 1.5,
+                     "first_loss": 3.00001}]}
     text = ddp_steps.render(res)
     assert text.startswith(ddp_steps.SECTION["cuda"]) and "one GPU per process, NCCL" in text
-    assert "| 1 process, DDP | 12.5 | 80.00 | 0.80× | +0.0e+00 |" in text
-    assert "| 8 processes | 2.0 | 500.00 | 5.00× | +1.0e-05 |" in text
+    assert "| 1 process, DDP | 12.5 | 80.00 | 0.80× | 9.0 | +0.0e+00 |" in text
+    assert "| 8 processes | 2.0 | 500.00 | 5.00× | 1.5 | +1.0e-05 |" in text
 
 
 def test_refuses_cuda_without_a_gpu(monkeypatch):
