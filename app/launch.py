@@ -70,7 +70,7 @@ def check_nproc(nproc: int, device: str) -> None:
         raise UserValueError(f"--nproc must be >= 1, got {nproc}")
     if backend_for(device) == "nccl" and nproc > torch.cuda.device_count():
         raise Unavailable(f"--nproc {nproc} on CUDA needs {nproc} GPUs (one process per GPU); "
-                         f"{torch.cuda.device_count()} visible")
+                          f"{torch.cuda.device_count()} visible (--set train.device=cpu trains on the CPU)")
 
 
 def launch_local(nproc: int, module_args: list[str], *, device: str = "auto") -> int:
@@ -80,7 +80,8 @@ def launch_local(nproc: int, module_args: list[str], *, device: str = "auto") ->
     from torch.distributed.run import parse_args, run
 
     check_nproc(nproc, device)
-    if "OMP_NUM_THREADS" not in os.environ:  # the agent would set 1; on the CPU the processes share the cores
+    threads = os.environ.get("OMP_NUM_THREADS")  # the processes inherit the environment: set it for them only
+    if threads is None:  # the agent would set 1; on the CPU the processes share the cores
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)  # no rendezvous banners
     args = parse_args(["--standalone", f"--nproc-per-node={nproc}", "--monitor-interval=0.5",
@@ -90,8 +91,10 @@ def launch_local(nproc: int, module_args: list[str], *, device: str = "auto") ->
         run(args)
     except ChildFailedError as e:
         codes = [f.exitcode for f in e.failures.values()]
-        first = next((c for c in codes if c and c > 0), 1)
-        log.error("a training process failed (exit codes %s): the others were stopped; `ltd train --resume` "
-                  "continues from the last checkpoint", codes)
-        return first
+        log.error("a training process failed (exit codes %s): the others were stopped; --resume continues from "
+                  "the last checkpoint", codes)
+        return next((c for c in codes if c and c > 0), 1)
+    finally:
+        if threads is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
     return 0
