@@ -49,7 +49,6 @@ class Rank:
 
     rank: int = 0
     world: int = 1
-    local_rank: int = 0
     grouped: bool = False  # a process group is up (DDP wraps the model, collectives run; also with W = 1)
 
     @property
@@ -67,9 +66,10 @@ def launched() -> bool:
 
 
 def current() -> Rank:
+    """This process's place: from the process group when one is up."""
     if not (dist.is_available() and dist.is_initialized()):
         return Rank()
-    return Rank(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)), grouped=True)
+    return Rank(dist.get_rank(), dist.get_world_size(), grouped=True)
 
 
 def backend_for(device: str) -> str:
