@@ -40,6 +40,7 @@ class Job:
     base: str
     label: str = ""
     sweep_value: object = None
+    nproc: int = 1  # data-parallel training processes
 
 
 def _run_job(job: Job) -> dict:
@@ -49,7 +50,7 @@ def _run_job(job: Job) -> dict:
 
     t0 = time.time()
     cfg = load_config(job.base, job.overrides)
-    best = ensure_trained(cfg, Path(job.run_dir), show_progress=False)
+    best = ensure_trained(cfg, Path(job.run_dir), show_progress=False, nproc=job.nproc)
     ds = resolve_dataset_path(cfg.data.path, cache_dir=cfg.data.cache_dir, synthetic_images=cfg.data.synthetic_images,
                               synthetic_seed=cfg.data.synthetic_seed, show_progress=False)
     out = {"cell": job.cell, "seed": job.seed, "label": job.label, "sweep_value": job.sweep_value,
@@ -149,20 +150,23 @@ def _choose(grid: Grid, sweep_results: list[dict], val_split: str) -> dict[str, 
     return selection
 
 
-def run_grid(grid: Grid, out: Path, n_jobs: int = 1, render_only: bool = False) -> dict:
+def run_grid(grid: Grid, out: Path, n_jobs: int = 1, render_only: bool = False, nproc: int | None = None) -> dict:
     """Run the grid (sweeps on val, then every cell's seeds) and write its results; ``render_only``
-    writes the results of the runs that have finished and trains nothing (a grid still running)."""
+    writes the results of the runs that have finished and trains nothing (a grid still running);
+    ``nproc`` data-parallel processes per run unless a cell or the grid names its own."""
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "grid.yaml", yaml.safe_dump(grid.raw, sort_keys=False))
     base_cfg = load_config(grid.base, grid.common)
     val_split = base_cfg.data.val_split
+
+    cell_nproc = {c.name: c.nproc or nproc or grid.nproc for c in grid.cells}
 
     def job(cell: str, seed: int, sets: list[str], label: str, value=None) -> Job:
         sets = substitute(sets, seed, grid.seeds, out)
         return Job(cell=cell, seed=seed, overrides=grid.common + sets + [f"train.seed={seed}", f"train.name={label}"],
                    run_dir=str(out / "runs" / label / f"seed{seed}"), index_root=str(out / "indexes" / label / f"seed{seed}"),
                    eval_splits=[val_split, grid.eval_split], eval_shortcuts=grid.eval_shortcuts,
-                   relevance=grid.relevance, base=grid.base, label=label, sweep_value=value)
+                   relevance=grid.relevance, base=grid.base, label=label, sweep_value=value, nproc=cell_nproc[cell])
 
     # Phase 1: sweeps on their sweep seeds, chosen on val.
     sweep_jobs = []

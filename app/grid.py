@@ -8,6 +8,7 @@ Grid file (YAML)::
     seeds: [0, 1, 2]
     eval_split: test                 # reported split; selection always uses data.val_split
     eval_shortcuts: [none]           # shortcut settings to evaluate every run with (SVL)
+    nproc: 1                         # data-parallel processes per training run (`ltd train --nproc`)
     cells:
       - name: baseline
         set: [loss.mode=none]
@@ -25,6 +26,9 @@ Grid file (YAML)::
 seed (cyclic) and the grid's output folder: a replay cell reads the λ schedule of a constraint run that
 an earlier cell trains (with ``{seed}`` the replay is bit-identical to that run, a determinism check;
 with ``{next_seed}`` it applies another run's λ(t), not adapted to its own L_rec).
+
+``nproc`` (the grid's, a cell's own, or ``ltd experiment --nproc`` in place of the grid's) schedules how
+a run trains, not what: the global batch is the same on any number of processes.
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ class GridCell(Section):
     sweep: dict[str, list] = Field(default_factory=dict)  # {key: values}: one parameter, chosen on val rsum
     sweep_seeds: list[int] | None = None  # seeds of the sweep (default: the grid's first seed)
     seeds: list[int] | None = None  # this cell's seeds (default: the grid's)
+    nproc: int | None = Field(None, ge=1)  # data-parallel processes per run (default: the grid's)
 
     @model_validator(mode="after")
     def _one_parameter(self) -> GridCell:
@@ -63,6 +68,7 @@ class Grid(Section):
     cells: list[GridCell] = Field(default_factory=list)
     relevance: str | None = "rougeL"
     compare: list[list[str]] = Field(default_factory=list)
+    nproc: int = Field(1, ge=1)  # data-parallel processes per training run
 
     @model_validator(mode="after")
     def _cells(self) -> Grid:

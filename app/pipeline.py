@@ -67,10 +67,32 @@ def run_state(cfg: Config, run_dir: Path) -> str:
     return _state(cfg, run_dir, finished)
 
 
-def ensure_trained(cfg: Config, run_dir: Path, *, show_progress: bool = True) -> Path:
-    """The run's best.pt, training or resuming only when needed."""
-    return _ensure(run_state(cfg, run_dir), run_dir, "run",
-                   lambda resume: train_run(cfg, run_dir, resume=resume, show_progress=show_progress))
+def ensure_trained(cfg: Config, run_dir: Path, *, show_progress: bool = True, nproc: int = 1) -> Path:
+    """The run's best.pt, training or resuming only when needed (in ``nproc`` data-parallel processes)."""
+    def train(resume: bool) -> None:
+        if nproc > 1:
+            launch_train_run(cfg, run_dir, nproc=nproc, resume=resume, show_progress=show_progress)
+        else:
+            train_run(cfg, run_dir, resume=resume, show_progress=show_progress)
+    return _ensure(run_state(cfg, run_dir), run_dir, "run", train)
+
+
+def launch_train_run(cfg: Config, out: Path, *, nproc: int, resume: bool = False, show_progress: bool = True) -> None:
+    """``ltd train --nproc N`` of ``cfg`` (the config reaches the processes as a YAML file); raises when a
+    process failed, after the launcher stopped the others."""
+    import tempfile
+
+    from app.launch import launch_local
+    from training.config import dump_config
+
+    with tempfile.TemporaryDirectory(prefix="ltd-launch-") as tmp:
+        dump_config(cfg, Path(tmp) / "config.yaml")
+        args = ["train", "--config", str(Path(tmp) / "config.yaml"), "--out", str(out)]
+        code = launch_local(nproc, args + ["--resume"] * resume + ["--no-progress"] * (not show_progress),
+                            device=cfg.train.device)
+    if code:
+        raise RuntimeError(f"training {out} in {nproc} processes failed (exit status {code}); it resumes from its "
+                           "last checkpoint when run again")
 
 
 def ensure_indexed(checkpoint: Path, dataset: str | Path, split: str, index_dir: Path, *, shortcuts: str = "none",

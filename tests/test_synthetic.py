@@ -31,8 +31,10 @@ def generated(tmp_path_factory) -> Path:
 
 
 def _files(json_path: Path) -> dict[str, bytes]:
+    """The dataset's files (not the empty lock file that serialises concurrent generators)."""
     root = json_path.parent
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
 
 
 # ---------------------------------------------------------------------------------------------

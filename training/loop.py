@@ -7,10 +7,15 @@ checkpoint's contents are ``training/checkpoint.py``'s. This file only orders th
 Determinism: the caption order of epoch e is a permutation seeded by (seed, e), and every random
 choice inside step s (cached view, token dropout, augmentation) uses a generator seeded by
 (seed, e, s). A resumed run therefore replays exactly the steps an uninterrupted run would take.
+
+Data parallel (``ltd train --nproc N``, torchrun; :mod:`training.distributed`): every process runs
+this loop on its part of each global batch (``train.batch_size`` stays the global batch); the view
+and token-dropout draws are made for the global batch and sliced, so a process's rows get the draws
+one process would give them. Rank 0 alone validates and writes (checkpoints, metrics.jsonl,
+progress); the others follow its validation result.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -23,6 +28,7 @@ import numpy as np
 import torch
 from torch.optim.swa_utils import AveragedModel
 
+from training import distributed
 from training.checkpoint import (
     TrainingProgress,
     load_checkpoint,
@@ -31,12 +37,14 @@ from training.checkpoint import (
     training_checkpoint,
 )
 from training.config import Config, dump_config
+from training.data.global_batches import epoch_batches
 from training.data.image_batches import AugmentedImageBatches
 from training.errors import Unavailable, UserFileExists, UserValueError
 from training.losses.objective import TrainingObjective
+from training.metrics_log import MetricsLog
 from training.models.backbones import cpu_bf16_fast
-from training.models.dual_encoder import DualEncoder, build_model
-from training.models.text_encoder import move_batch
+from training.models.dual_encoder import DualEncoder, StepEncoders, build_model
+from training.models.text_encoder import move_batch, take_rows
 from training.prepare import TrainingData, prepare
 from training.progress import progress
 
@@ -60,12 +68,12 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
     config.yaml and, with a λ, lambda_trace.npz. ``validate(model) -> {"rsum": …}`` scores a model on
     the val split (None: every epoch counts as the best); ``data`` is :func:`prepare`'s result when
     the caller has it already; ``resume`` continues the run that ``run_dir`` holds."""
-    t_start, tc = time.time(), cfg.train
+    t_start, tc, rank = time.time(), cfg.train, distributed.current()
     device = pick_device(tc.device)
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
-    run_dir = Path(run_dir)
-    ckpt = open_run_dir(run_dir, resume)
+    run_dir, show_progress = Path(run_dir), show_progress and rank.main
+    ckpt = open_run_dir(run_dir, resume)  # every process reads the checkpoint (the run folder is shared)
 
     # ---- data, model, objective, optimiser -------------------------------------------------------
     random.seed(tc.seed), np.random.seed(tc.seed), torch.manual_seed(tc.seed)
@@ -77,8 +85,12 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
         r.at = restore_training(ckpt, r.model, r.optimizer, r.scheduler, r.scaler if r.scaler.is_enabled() else None)
         r.objective.load_checkpoint_state(ckpt)
         log.info("resumed %s at epoch %d step %d", run_dir, r.at.epoch, r.at.step)
-    dump_config(cfg, run_dir / "config.yaml")
-    r.mlog = MetricsLog(run_dir / "metrics.jsonl", resume_step=r.at.step if ckpt is not None else None)
+    distributed.check_same_step(r.at.step)
+    r.encoders = distributed.data_parallel(StepEncoders(r.model), device)
+    if rank.main:
+        dump_config(cfg, run_dir / "config.yaml")
+    r.mlog = MetricsLog(run_dir / "metrics.jsonl" if rank.main else None,
+                        resume_step=r.at.step if ckpt is not None else None)
     if ckpt is None and validate is not None:
         r0 = run_validation(r, validate, r.model, epoch=0)
         log.info("epoch 0 (untrained) val rsum %.1f", r0.get("rsum", float("nan")))
@@ -87,7 +99,7 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
     r.model.train()
     for epoch in range(r.at.epoch, tc.epochs):
         unfreeze_backbone_if_due(r, epoch)
-        batches = epoch_batches(tc.seed, epoch, len(data.train_texts), tc.batch_size)
+        batches = epoch_batches(tc.seed, epoch, len(data.train_texts), tc.batch_size, rank.world)
         swa_model = AveragedModel(r.model, use_buffers=True) if tc.swa else None
         t_epoch = time.time()
         sums, n_steps = run_epoch(r, epoch, batches, swa_model, show_progress)
@@ -98,12 +110,14 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
         # ---- validation, best checkpoint, curriculum, checkpoint ---------------------------------
         weights = swa_model.module if swa_model is not None else r.model
         rsum = float(run_validation(r, validate, weights, epoch=epoch + 1).get("rsum", -1.0))
+        rsum = distributed.broadcast_float(rsum)  # rank 0 validated: every process acts on its result
         improved = validate is None or rsum > r.at.best["rsum"]
         r.at.epoch, r.at.step_in_epoch = epoch + 1, 0
         r.objective.end_epoch(improved)  # the sh → mh curriculum counts the epochs without val gain
         if improved:
             r.at.best = {"rsum": rsum, "epoch": epoch + 1}
-            save_checkpoint(run_dir / "best.pt", checkpoint_payload(r, weights, resumable=False))
+            if rank.main:
+                save_checkpoint(run_dir / "best.pt", checkpoint_payload(r, weights, resumable=False))
         save_run_checkpoint(r)
         log.info("epoch %d/%d: %.1fs, loss %.4f, val rsum %.1f%s", epoch + 1, tc.epochs, secs,
                  sums["loss"] / max(1, n_steps), rsum, " (best)" if improved else "")
@@ -130,6 +144,8 @@ class Run:
     train_img: np.ndarray  # dataset image index of each training caption
     at: TrainingProgress = field(default_factory=TrainingProgress)
     mlog: MetricsLog | None = None
+    rank: distributed.Rank = field(default_factory=distributed.Rank)  # this process's place (rank 0 of 1 alone)
+    encoders: torch.nn.Module | None = None  # the step's forward (:class:`StepEncoders`), under DDP in a group
 
 
 def open_run_dir(run_dir: Path, resume: bool) -> dict | None:
@@ -154,7 +170,8 @@ def set_up(cfg: Config, data: TrainingData, device: torch.device, run_dir: Path,
     train_img = data.train_image_index
     fit_to_training_data(model, data, train_img, cfg, show_progress)
     optimizer, backbone_params = build_optimizer(model, cfg)
-    steps_per_epoch = len(epoch_batches(tc.seed, 0, len(data.train_texts), tc.batch_size))
+    rank = distributed.current()
+    steps_per_epoch = len(epoch_batches(tc.seed, 0, len(data.train_texts), tc.batch_size, rank.world))
     if not steps_per_epoch:
         raise UserValueError(f"train split has {len(data.train_texts)} captions: fewer than 2, nothing to train on")
     total_steps = steps_per_epoch * tc.epochs
@@ -168,7 +185,8 @@ def set_up(cfg: Config, data: TrainingData, device: torch.device, run_dir: Path,
     return Run(cfg=cfg, data=data, run_dir=run_dir, device=device, model=model, objective=objective,
                optimizer=optimizer, scheduler=scheduler,  # loss scaling for fp16 only (bf16 has fp32's range)
                scaler=torch.amp.GradScaler("cuda", enabled=dtype == torch.float16 and device.type == "cuda"),
-               autocast_dtype=dtype, backbone_params=backbone_params, train_img=train_img)
+               autocast_dtype=dtype, backbone_params=backbone_params, train_img=train_img, rank=rank,
+               encoders=StepEncoders(model))
 
 
 def autocast_dtype(device_type: str, tc) -> torch.dtype | None:
@@ -216,12 +234,6 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def epoch_batches(seed: int, epoch: int, n: int, batch_size: int) -> list[np.ndarray]:
-    """Every caption once per epoch; a final batch smaller than 2 is dropped (no negatives)."""
-    perm = np.random.default_rng([seed, epoch]).permutation(n)
-    return [b for b in (perm[i : i + batch_size] for i in range(0, n, batch_size)) if len(b) >= 2]
-
-
 def lr_lambda(warmup: int, total: int, schedule: str, min_ratio: float) -> Callable[[int], float]:
     """Linear warm-up, then cosine decay to ``min_ratio`` (or constant)."""
     def f(step: int) -> float:
@@ -243,6 +255,7 @@ def unfreeze_backbone_if_due(r: Run, epoch: int) -> None:
         r.model.image.frozen = False
         for p in r.backbone_params:
             p.requires_grad_(True)
+        r.encoders = distributed.data_parallel(StepEncoders(r.model), r.device)  # DDP's parameter set is fixed
 
 
 def image_batches(r: Run, epoch: int, batches: list[np.ndarray]) -> Iterator[torch.Tensor] | None:
@@ -251,8 +264,9 @@ def image_batches(r: Run, epoch: int, batches: list[np.ndarray]) -> Iterator[tor
     if r.model.image.frozen:
         return None
     paths = [im.path for im in r.data.dataset.images]
-    ds = AugmentedImageBatches(paths, r.model.image.backbone.preprocess, [r.train_img[b] for b in batches],
-                               r.cfg.train.seed, epoch, r.at.step_in_epoch)
+    parts = [r.train_img[b][r.rank.shard(len(b)).rows] for b in batches]  # this process's images only
+    ds = AugmentedImageBatches(paths, r.model.image.backbone.preprocess, parts, r.cfg.train.seed, epoch,
+                               r.at.step_in_epoch, stream=(r.rank.world, r.rank.rank) if r.rank.world > 1 else ())
     return iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, prefetch_factor=2))
 
 
@@ -271,7 +285,7 @@ def run_epoch(r: Run, epoch: int, batches: list[np.ndarray], swa_model: Averaged
     for s in range(r.at.step_in_epoch, len(batches)):
         step_seed = int(np.random.default_rng([tc.seed, epoch, s]).integers(2**62))
         gen = torch.Generator().manual_seed(step_seed)
-        torch.manual_seed(step_seed)  # dropout layers draw from the global generator
+        torch.manual_seed(distributed.rank_seed(step_seed, r.rank.rank))  # dropout layers draw from the global generator
         out, gnorm = train_step(r, batches[s], gen, images)
         r.at.step, r.at.step_in_epoch = r.at.step + 1, s + 1
         n_steps += 1
@@ -297,21 +311,26 @@ def train_step(r: Run, idx: np.ndarray, gen: torch.Generator,
     """One optimiser step on the captions ``idx`` (and their images); returns the objective's terms
     and the gradient norm before clipping. Random choices draw from ``gen``."""
     model, device, data = r.model, r.device, r.data
-    img_ids = torch.as_tensor(r.train_img[idx])
+    n, shard = len(idx), r.rank.shard(len(idx))
+    rows = shard.rows  # this process's part of the global batch (all of it alone)
+    img_ids = torch.as_tensor(r.train_img[idx])[rows]
     with torch.autocast(device.type, dtype=r.autocast_dtype or torch.bfloat16, enabled=r.autocast_dtype is not None):
+        pixels = feats = None
         if images is not None:
-            img_emb = model.image(next(images).to(device, non_blocking=True))
+            pixels = next(images).to(device, non_blocking=True)
         else:
-            f = data.image_feats[img_ids]  # (B, V, D) cached views, on the CPU
-            if r.cfg.train.multi_view and f.shape[1] > 1:  # one random view per image
-                f = f[torch.arange(len(idx)), torch.randint(f.shape[1], (len(idx),), generator=gen)]
+            f = data.image_feats[img_ids]  # (b, V, D) cached views, on the CPU
+            if r.cfg.train.multi_view and f.shape[1] > 1:  # one random view per image, drawn for the global batch
+                f = f[torch.arange(len(f)), torch.randint(f.shape[1], (n,), generator=gen)[rows]]
             else:
                 f = f.mean(1)
-            img_emb = model.encode_image_features(f.to(device, non_blocking=True))
+            feats = f.to(device, non_blocking=True)
         texts = [data.train_texts[i] for i in idx]
-        txt_emb = model.encode_text(move_batch(model.text.prepare(texts, train=True, generator=gen), device))
-        out = r.objective(img_emb, txt_emb, image_ids=img_ids.to(device), decoder=model.decoder, captions=texts,
-                          targets=data.targets[idx] if data.targets is not None else None)
+        tokens = take_rows(model.text.prepare(texts, train=True, generator=gen), rows, n)
+        img_emb, txt_emb = r.encoders(pixels, feats, move_batch(tokens, device))
+        out = r.objective(img_emb, txt_emb, image_ids=img_ids.to(device), decoder=model.decoder,
+                          captions=texts[rows], targets=data.targets[idx[rows]] if data.targets is not None else None,
+                          shard=shard)
     r.optimizer.zero_grad(set_to_none=True)
     r.scaler.scale(out["loss"]).backward()
     r.scaler.unscale_(r.optimizer)
@@ -339,8 +358,9 @@ def step_row(epoch: int, step: int, out: dict[str, torch.Tensor], lr: float, gra
 
 # ---- validation and checkpoints ------------------------------------------------------------------
 def run_validation(r: Run, validate: Validator | None, weights: DualEncoder, epoch: int) -> dict:
-    """``validate(weights)`` in eval mode without gradients, logged as a ``val`` line ({} without one)."""
-    if validate is None:
+    """``validate(weights)`` in eval mode without gradients, logged as a ``val`` line ({} without one, and
+    on every process but rank 0: the others wait for its result, :func:`distributed.broadcast_float`)."""
+    if validate is None or not r.rank.main:
         return {}
     weights.eval()
     with torch.no_grad():
@@ -356,24 +376,9 @@ def checkpoint_payload(r: Run, weights: DualEncoder, resumable: bool = True) -> 
 
 
 def save_run_checkpoint(r: Run) -> None:
-    """checkpoint.pt at the current position, and the λ trace beside it (both whole or absent)."""
+    """checkpoint.pt at the current position, and the λ trace beside it (both whole or absent; rank 0
+    writes, every process holds the same state)."""
+    if not r.rank.main:
+        return
     save_checkpoint(r.run_dir / "checkpoint.pt", checkpoint_payload(r, r.model))
     r.objective.save_trace(r.run_dir)
-
-
-class MetricsLog:
-    """metrics.jsonl: one JSON object per line. On resume, lines past the checkpoint are dropped."""
-
-    def __init__(self, path: Path, resume_step: int | None):
-        self.path = path
-        if resume_step is None:
-            path.write_text("")
-        elif path.exists():
-            keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= resume_step]
-            # a val line at the checkpoint step belongs to the finished epoch and is kept
-            path.write_text("".join(ln + "\n" for ln in keep))
-
-    def write(self, **row) -> None:
-        clean = {k: (round(float(v), 6) if isinstance(v, (float, np.floating)) else v) for k, v in row.items()}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(clean) + "\n")

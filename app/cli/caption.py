@@ -11,6 +11,7 @@ import logging
 import os
 from pathlib import Path
 
+from app.launch import add_arguments, data_parallel_command, worker_args
 from training.errors import UserFileNotFound, UserValueError
 
 log = logging.getLogger("ltd.caption")
@@ -28,6 +29,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     t.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     t.add_argument("--list-presets", action="store_true", help="print the shipped caption presets and exit")
     t.add_argument("--no-progress", action="store_true")
+    add_arguments(t)
     t.set_defaults(func=cmd_caption_train)
 
     e = cs.add_parser("eval", parents=[common], help="BLEU, METEOR, ROUGE-L, CIDEr-D, self-retrieval R@k, unique/novel shares")
@@ -84,11 +86,14 @@ def cmd_caption_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / name
     from training.captioning.loop import train_captioner
 
-    res = train_captioner(cfg, out, resume=args.resume, show_progress=not args.no_progress)
-    print(json.dumps({"run_dir": str(res.run_dir), "best_val_cider": round(res.best_cider, 2),
-                      "best_epoch": res.best_epoch, "seconds": round(res.seconds, 1),
-                      "best_checkpoint": str(res.run_dir / "best.pt")}))
-    return 0
+    worker = worker_args(args, ["caption", "train"], out, ["--retrieval", args.retrieval] if args.retrieval else [])
+    code, res = data_parallel_command(args, cfg.train.device, worker, lambda: train_captioner(
+        cfg, out, resume=args.resume, show_progress=not args.no_progress))
+    if res is not None:
+        print(json.dumps({"run_dir": str(res.run_dir), "best_val_cider": round(res.best_cider, 2),
+                          "best_epoch": res.best_epoch, "seconds": round(res.seconds, 1),
+                          "best_checkpoint": str(res.run_dir / "best.pt")}))
+    return code
 
 
 def cmd_caption_eval(args: argparse.Namespace) -> int:

@@ -18,6 +18,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="train nothing: rewrite results.{json,md} with the current statistics — from the finished "
                         "runs of --config's grid (also while it runs), or without --config from --out's results.json "
                         "(a finished grid or a copy under docs/results/)")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="data-parallel processes per training run (ltd train --nproc; default: the grid's nproc, 1)")
     p.set_defaults(func=cmd_experiment)
 
 
@@ -28,6 +30,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
     if args.jobs < 1:
         raise UserValueError("--jobs must be at least 1")
+    if args.nproc is not None and args.nproc < 1:
+        raise UserValueError("--nproc must be at least 1")
     if args.config is None:
         if not (args.render and args.out):
             raise UserValueError("--config is required (or --render --out FOLDER to re-render a results.json)")
@@ -36,7 +40,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     else:
         grid = load_grid(args.config, args.set)
         out = Path(args.out) if args.out else Path("experiments") / grid.name
-        res = run_grid(grid, out, n_jobs=args.jobs, render_only=args.render)
+        res = run_grid(grid, out, n_jobs=args.jobs, render_only=args.render, nproc=args.nproc)
     print((out / "results.md").read_text())
     print(f"wrote {out / 'results.json'} and {out / 'results.md'}" + ("" if args.render and not args.config
                                                                         else f" and plots under {out / 'plots'}"))

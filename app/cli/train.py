@@ -6,6 +6,8 @@ import json
 import logging
 from pathlib import Path
 
+from app.launch import add_arguments, data_parallel_command, worker_args
+
 log = logging.getLogger("ltd.train")
 
 
@@ -18,6 +20,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--list-presets", action="store_true", help="print the shipped presets and exit")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_arguments(p)
     p.set_defaults(func=cmd_train)
 
     q = sub.add_parser("plot", parents=[common], help="training curves (λ, L_rec with η, L_con, val rsum) as PNGs")
@@ -75,11 +78,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / run_name(cfg, args.config)
     from app.pipeline import train_run
 
-    res = train_run(cfg, out, resume=args.resume, show_progress=not args.no_progress)
-    print(json.dumps({"run_dir": str(res.run_dir), "best_val_rsum": round(res.best_rsum, 2),
-                      "best_epoch": res.best_epoch, "seconds": round(res.seconds, 1),
-                      "best_checkpoint": str(res.run_dir / "best.pt")}))
-    return 0
+    code, res = data_parallel_command(args, cfg.train.device, worker_args(args, ["train"], out), lambda: train_run(
+        cfg, out, resume=args.resume, show_progress=not args.no_progress))
+    if res is not None:
+        print(json.dumps({"run_dir": str(res.run_dir), "best_val_rsum": round(res.best_rsum, 2),
+                          "best_epoch": res.best_epoch, "seconds": round(res.seconds, 1),
+                          "best_checkpoint": str(res.run_dir / "best.pt")}))
+    return code
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

@@ -7,6 +7,14 @@ seeded by (seed, stage, epoch, step), so a resumed run replays exactly the steps
 run takes. ``metrics.jsonl`` rows: ``step`` (stage xe: loss, ss_prob; stage scst: cider, r_ret,
 reward, baseline, their greedy counterparts, loss), ``epoch`` (seconds), ``val`` (CIDEr-D of greedy
 captions on val, and self-retrieval R@1 among val images when a judge is loaded).
+
+Data parallel (``ltd caption train --nproc N``, torchrun; :mod:`training.distributed`): the batches are
+global and every process takes its share of each. XE and SCST losses are per process, weighted by its
+share of the tokens, and the gradients averaged; in SCST each process samples and rewards its own images'
+captions, but the judge ranks every caption against the images of the whole global batch (the other
+processes' images, SR-PL negatives and distractors are drawn from the same generator on every process),
+the candidates one process would use. Rank 0 alone validates and writes; the logged values are the
+processes' means.
 """
 from __future__ import annotations
 
@@ -19,6 +27,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from training import distributed
 from training.captioning import checkpoint as ckpt_io
 from training.captioning.config import CaptionConfig
 from training.captioning.data import FEAT_CHANNELS, CaptionData, default_device, prepare_captioning, regions
@@ -63,7 +72,8 @@ class CaptionRun:
 
     def __init__(self, cfg: CaptionConfig, run_dir: Path, *, resume: bool, data: CaptionData | None,
                  show_progress: bool):
-        self.cfg, self.run_dir, self.show = cfg, run_dir, show_progress
+        self.rank = distributed.current()
+        self.cfg, self.run_dir, self.show = cfg, run_dir, show_progress and self.rank.main
         self.device = default_device(cfg.train.device)
         if cfg.train.num_threads:
             torch.set_num_threads(cfg.train.num_threads)
@@ -74,7 +84,7 @@ class CaptionRun:
         init = ckpt_io.load_caption_checkpoint(cfg.train.init_from) if cfg.train.init_from and ckpt is None else None
         source = ckpt or init
         vocab = CaptionVocab.from_dict(source["vocab"]) if source else None
-        self.data = data or prepare_captioning(cfg, vocab=vocab, show_progress=show_progress, device=str(self.device))
+        self.data = data or prepare_captioning(cfg, vocab=vocab, show_progress=self.show, device=str(self.device))
         if source is not None and source.get("labelled") != np.flatnonzero(self.data.labelled).tolist():
             raise ConfigError("the checkpoint was trained on another labelled subset (data.labelled_fraction or "
                               "train.seed differ)")
@@ -98,9 +108,12 @@ class CaptionRun:
             self.optimizer = self._optimizer(self.stage)
             self.optimizer.load_state_dict(ckpt["optimizer"])
             log.info("resumed %s at stage %s epoch %d step %d", run_dir, self.stage, self.epoch, self.global_step)
+        distributed.check_same_step(self.global_step)
         run_dir.mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, run_dir / "config.yaml")
-        self.mlog = MetricsLog(run_dir / "metrics.jsonl", resume_step=self.global_step if ckpt is not None else None)
+        if self.rank.main:
+            dump_config(cfg, run_dir / "config.yaml")
+        self.mlog = MetricsLog(run_dir / "metrics.jsonl" if self.rank.main else None,
+                               resume_step=self.global_step if ckpt is not None else None)
         self.fresh = ckpt is None
         self.reward = SelfRetrievalReward(self.data.train_cider, self.judge, eos_id=v.eos_id,
                                           cider_weight=cfg.scst.cider_weight,
@@ -140,23 +153,42 @@ class CaptionRun:
 
     # ---- steps --------------------------------------------------------------------------------
     def _xe_step(self, images: np.ndarray, caps: np.ndarray, ss: float, gen: torch.Generator) -> dict:
-        d = self.data
+        """``images``, ``caps``: the global batch (this process trains on its share)."""
+        d, shard = self.data, self.rank.shard(len(images))
+        images, caps = images[shard.rows], caps[shard.rows]
         reg = regions(d.grid, d.train_rows[images]).to(self.device)
         targets = d.targets[caps.reshape(-1)].to(self.device)
         loss = xe_loss(self.model, reg, targets, caps.shape[1], ss, gen)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        _clip(self.model.parameters(), self.cfg.xe.grad_clip)
-        self.optimizer.step()
+        if shard.world > 1:  # a mean over tokens: each process's weighs its share of them
+            loss = distributed.mean_over_ranks(loss, shard, distributed.share_of((targets != d.vocab.pad_id).sum()))
+        self._step(loss, self.cfg.xe.grad_clip)
         return {"loss": float(loss.detach()), "ss_prob": ss}
 
+    def _step(self, loss: torch.Tensor, clip: float) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        distributed.average_gradients(self.model.parameters())
+        _clip(self.model.parameters(), clip)
+        self.optimizer.step()
+
     def _scst_step(self, lab: np.ndarray, rng: np.random.Generator, gen: torch.Generator) -> dict:
+        """``lab``: the global batch (positions in the labelled list); this process samples and rewards
+        its share's captions against the candidates of the whole batch. ``rng`` draws the same on every
+        process (negatives, distractors), ``gen`` this process's samples."""
         d, s = self.data, self.cfg.scst
-        rows, refs = d.train_rows[d.labelled_images[lab]], lab.astype(np.int64)
+        shard = self.rank.shard(len(lab))
+        mine = np.zeros(len(lab), dtype=bool)
+        mine[shard.rows] = True
+        rows_all, refs = d.train_rows[d.labelled_images[lab]], lab[mine].astype(np.int64)
         if self.sampler is not None:
-            neg = self.sampler.sample(lab, rng)
-            rows = np.concatenate([rows, self.pool_rows[neg]])
-            refs = np.concatenate([refs, -np.ones(len(neg), np.int64)])  # unlabelled: no CIDEr
+            neg = self.sampler.sample(lab, rng)  # one unlabelled image per labelled one, for the global batch
+            rows_all = np.concatenate([rows_all, self.pool_rows[neg]])
+            refs = np.concatenate([refs, -np.ones(int(mine.sum()), np.int64)])  # unlabelled: no CIDEr
+            mine = np.concatenate([mine, mine])
+        rows = rows_all[mine]
+        # the judge's candidates beyond this process's images: the other processes' and the distractors
+        dis = self._distractors(rows_all, rng)
+        extra = rows_all[~mine] if dis is None else np.concatenate([rows_all[~mine], dis])
         reg = regions(d.grid, rows).to(self.device)
         n, L, k = len(rows), d.vocab.max_len, s.samples
         greedy_ids = decode_regions(self.model, reg, d.vocab) if s.baseline == "greedy" else None
@@ -168,14 +200,13 @@ class CaptionRun:
                                self.sp, temperature=s.temperature, generator=gen)
         ids = ids.cpu()
         terms = self.reward(ids if greedy_ids is None else torch.cat([ids, greedy_ids]), rows, refs,
-                            self._distractors(rows, rng))
+                            extra if len(extra) else None)
         r_s = terms.total[: n * k].to(self.device)
         r_b = terms.total[n * k:].repeat(k).to(self.device) if greedy_ids is not None else mean_of_others(r_s, k)
         loss = scst_loss(lp, mask, r_s, r_b)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        _clip(self.model.parameters(), s.grad_clip)
-        self.optimizer.step()
+        if shard.world > 1:  # a mean over the sampled tokens: each process's weighs its share of them
+            loss = distributed.mean_over_ranks(loss, shard, distributed.share_of(mask.sum()))
+        self._step(loss, s.grad_clip)
         lab_m = torch.from_numpy(np.tile(refs >= 0, k))
         row = {"loss": float(loss.detach()), "reward": float(r_s.mean()), "baseline": float(r_b.mean()),
                "cider": float(terms.cider[: n * k][lab_m].mean()), "r_ret": float(terms.r_ret[: n * k].mean()),
@@ -183,6 +214,9 @@ class CaptionRun:
         if greedy_ids is not None:
             row.update(cider_greedy=float(terms.cider[n * k:][lab_m[:n]].mean()),
                        r_ret_greedy=float(terms.r_ret[n * k:].mean()))
+        if shard.world > 1:  # the processes' means (the loss is the global one already)
+            means = distributed.mean_of_scalars({k: torch.tensor(v) for k, v in row.items() if k != "loss"}, shard)
+            row.update({k: float(v) for k, v in means.items()})
         return row
 
     def _distractors(self, rows: np.ndarray, rng: np.random.Generator) -> np.ndarray | None:
@@ -199,14 +233,16 @@ class CaptionRun:
 
     # ---- epochs -------------------------------------------------------------------------------
     def _batches(self, stage: str, epoch: int) -> list[np.ndarray]:
-        """XE: local train indices of labelled images; SCST: positions in the labelled list (the
-        CIDEr references' order). A last SCST batch of one image is dropped (no negatives)."""
+        """Global batches. XE: local train indices of labelled images; SCST: positions in the labelled
+        list (the CIDEr references' order). A last SCST batch of one image is dropped (no negatives), and
+        under W processes a last batch of fewer than W images (a process would have none)."""
         d, rng = self.data, np.random.default_rng([self.cfg.train.seed, STAGES.index(stage), epoch])
         if stage == "xe":
-            order, bs = rng.permutation(d.labelled_images), self.cfg.xe.batch_size
-            return [order[i : i + bs] for i in range(0, len(order), bs)]
-        order, bs = rng.permutation(len(d.labelled_images)), self.cfg.scst.batch_size
-        return [b for b in (order[i : i + bs] for i in range(0, len(order), bs)) if len(b) >= 2]
+            order, bs, smallest = rng.permutation(d.labelled_images), self.cfg.xe.batch_size, self.rank.world
+        else:
+            order, bs = rng.permutation(len(d.labelled_images)), self.cfg.scst.batch_size
+            smallest = max(2, self.rank.world)
+        return [b for b in (order[i : i + bs] for i in range(0, len(order), bs)) if len(b) >= smallest]
 
     def _epoch(self, stage: str, epoch: int, n_epochs: int) -> None:
         cfg, d = self.cfg, self.data
@@ -225,8 +261,9 @@ class CaptionRun:
                    unit="step", disable=not self.show, leave=False)
         for s in range(self.step_in_epoch, len(batches)):
             seed = step_seed(cfg.train.seed, stage, epoch, s)
-            gen = torch.Generator().manual_seed(seed)
-            torch.manual_seed(seed)  # dropout draws from the global generator
+            own = distributed.rank_seed(seed, self.rank.rank)  # samples and dropout: each process its own
+            gen = torch.Generator().manual_seed(own)
+            torch.manual_seed(own)  # dropout draws from the global generator
             self.model.train()
             if stage == "xe":
                 row = self._xe_step(batches[s], caps[offsets[s] : offsets[s + 1]], ss, gen)
@@ -249,7 +286,9 @@ class CaptionRun:
     def validate(self, stage: str, epoch: int) -> dict:
         """Greedy captions of the val images: CIDEr-D (×100; the captioner's ids are a prefix of the
         CIDEr word ids, so no text round trip), unique captions, and self-retrieval R@1 among the val
-        images when a judge is loaded."""
+        images when a judge is loaded. Rank 0 alone validates; the other processes get its CIDEr-D."""
+        if not self.rank.main:
+            return {"cider": distributed.broadcast_float(0.0)}
         d = self.data
         rows = d.val_rows[: self.cfg.train.val_max_images or None]
         ids = torch.cat([decode_regions(self.model, regions(d.grid, rows[i : i + 100]), d.vocab)
@@ -262,9 +301,13 @@ class CaptionRun:
             res["self_R@1"] = float(100 * ((sims > own[:, None]).sum(1) == 0).float().mean())
         res["unique"] = float(100 * len(set(d.vocab.decode_batch(ids))) / max(1, len(rows)))
         self.mlog.write(type="val", stage=stage, epoch=epoch, step=self.global_step, **res)
+        distributed.broadcast_float(res["cider"])  # what the other processes choose the best epoch by
         return res
 
     def save(self, path: Path, stage: str, epoch: int, step_in_epoch: int, resumable: bool = True) -> None:
+        """``path`` (whole or absent), written by rank 0: every process holds the same state."""
+        if not self.rank.main:
+            return
         d = self.data
         judge = {"path": self.cfg.train.retrieval, "sha256": sha256_file(self.cfg.train.retrieval)[:16]} \
             if self.cfg.train.retrieval else None

@@ -2,7 +2,8 @@
 
 Augmentation is a random resized crop (scale 0.5–1, aspect 3/4–4/3) and a horizontal flip, drawn
 from a generator seeded by (seed, epoch, step): a resumed run sees exactly the images an
-uninterrupted one would.
+uninterrupted one would. A data-parallel process decodes only its part of each batch and appends
+``stream`` (process count, rank) to the seed, so its draws are its own and still deterministic.
 """
 from __future__ import annotations
 
@@ -18,15 +19,17 @@ from training.data.images import load_image
 class AugmentedImageBatches(torch.utils.data.Dataset):
     """Item i = the images of ``batches[skip + i]``, augmented, as a (B, 3, S, S) tensor."""
 
-    def __init__(self, paths: list[Path], pre, batches: list[np.ndarray], seed: int, epoch: int, skip: int):
+    def __init__(self, paths: list[Path], pre, batches: list[np.ndarray], seed: int, epoch: int, skip: int,
+                 stream: tuple[int, ...] = ()):
         self.paths, self.pre, self.batches, self.seed, self.epoch, self.skip = paths, pre, batches, seed, epoch, skip
+        self.stream = stream
 
     def __len__(self) -> int:
         return len(self.batches) - self.skip
 
     def __getitem__(self, i: int) -> torch.Tensor:
         s = i + self.skip
-        rng = np.random.default_rng([self.seed, self.epoch, s, 7])
+        rng = np.random.default_rng([self.seed, self.epoch, s, 7, *self.stream])
         out = []
         for idx in self.batches[s]:
             img = load_image(self.paths[idx])

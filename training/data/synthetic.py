@@ -31,7 +31,7 @@ from training.progress import progress
 
 from training.data.synthetic_render import render_scene
 from training.data.synthetic_scenes import _TOKEN_RE, captions_for, scene_spec
-from training.fsio import atomic_write_text
+from training.fsio import atomic_write_text, exclusive
 
 log = logging.getLogger(__name__)
 
@@ -135,13 +135,23 @@ def generate_synthetic(
     params = {"dataset": "synthetic", "generator_version": GENERATOR_VERSION, "n_images": int(n_images),
               "seed": int(seed), "image_size": int(image_size), "val_fraction": float(val_fraction),
               "test_fraction": float(test_fraction)}
-    if json_path.is_file():
-        if _reusable(json_path, params):
-            log.info("reusing synthetic dataset %s (%d images, seed %d, %d px)",
-                     json_path, n_images, seed, image_size)
-            return json_path
-        log.warning("%s was written with other parameters or is incomplete: regenerating", json_path)
-        json_path.unlink()  # first, so a crash below never leaves a JSON pointing at new images
+    if json_path.is_file() and _reusable(json_path, params):
+        log.info("reusing synthetic dataset %s (%d images, seed %d, %d px)", json_path, n_images, seed, image_size)
+        return json_path
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # one process generates (several training processes start together); the others wait and reuse it
+    with exclusive(out_dir / ".lock", f"the synthetic scenes in {out_dir}"):
+        if json_path.is_file():
+            if _reusable(json_path, params):
+                return json_path
+            log.warning("%s was written with other parameters or is incomplete: regenerating", json_path)
+            json_path.unlink()  # first, so a crash below never leaves a JSON pointing at new images
+        return _generate(out_dir, json_path, params, workers, show_progress)
+
+
+def _generate(out_dir: Path, json_path: Path, params: dict, workers: int | None, show_progress: bool) -> Path:
+    n_images, seed, image_size = params["n_images"], params["seed"], params["image_size"]
+    val_fraction, test_fraction = params["val_fraction"], params["test_fraction"]
     image_dir = out_dir / "images"
     image_dir.mkdir(parents=True, exist_ok=True)
     wanted = {f"{i:06d}.jpg" for i in range(n_images)}

@@ -31,7 +31,9 @@ import numpy as np
 import torch.nn as nn
 from torch import Tensor
 
+from training import distributed
 from training.config import LossConfig
+from training.data.global_batches import Shard
 from training.data.vocab import Vocab
 from training.models.decoders import InputTokenDecoder
 
@@ -115,12 +117,28 @@ class TrainingObjective(nn.Module):
     # -- one step ----------------------------------------------------------------------------
     def forward(self, img: Tensor, txt: Tensor, *, image_ids: Tensor | None = None,
                 decoder: nn.Module | None = None, captions: list[str] | None = None,
-                targets: Tensor | None = None) -> dict[str, Tensor]:
+                targets: Tensor | None = None, shard: Shard | None = None) -> dict[str, Tensor]:
         """Terms of one batch: ``img``/``txt`` (B, E) embeddings (any dtype; the losses run in
         float32), ``decoder`` the model's reconstruction decoder, ``captions`` the batch's texts
-        (ITD) and ``targets`` (B, T) the LTD targets of those captions."""
-        con = self.contrastive(img.float(), txt.float(), image_ids=image_ids)
+        (ITD) and ``targets`` (B, T) the LTD targets of those captions.
+
+        ``shard``: under data parallelism, where these rows sit in the global batch. The contrastive
+        loss is then the global batch's (every rank's embeddings gathered, gradients to this rank's
+        rows, scaled ×W against DDP's averaging); the reconstruction is this rank's, and its value the
+        all-reduced global mean (:mod:`training.distributed`) — so every returned value, λ's update
+        included, is the same on every rank and equal to one process's on the whole batch."""
+        shard = shard or Shard.of(img.shape[0])
+        g_ids = None if image_ids is None else distributed.gather_rows(image_ids, shard)
+        con = self.contrastive(distributed.gather_rows(img.float(), shard), distributed.gather_rows(txt.float(), shard),
+                               image_ids=g_ids)
+        con["loss"] = distributed.scale_gradient(con["loss"], shard.world)
         rec = None if self.reconstruction is None else self._reconstruct(txt, decoder, captions, targets, img)
+        if rec is not None and shard.world > 1:
+            # a mean over tokens (ITD's default) weighs each rank by its tokens, a mean over captions by its rows
+            share = distributed.share_of(rec["n_tokens"]) if self.needs.tokens and self.cfg.itd_reduction == "mean" \
+                else None
+            rec = {"loss": distributed.mean_over_ranks(rec["loss"], shard, share),
+                   **distributed.mean_of_scalars({k: v for k, v in rec.items() if k != "loss"}, shard)}
         out = self.combiner(con["loss"], None if rec is None else rec["loss"])
         for prefix, terms in (("con", con), ("rec", rec or {})):  # the losses' own scalar diagnostics
             out.update({f"{prefix}_{k}": v for k, v in terms.items() if k != "loss" and v.dim() == 0})

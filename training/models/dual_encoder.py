@@ -110,6 +110,22 @@ class DualEncoder(nn.Module):
         return out
 
 
+class StepEncoders(nn.Module):
+    """A training step's two encoders as one forward: DistributedDataParallel synchronises the gradients
+    of the module whose forward it runs (the decoder, used by the objective on these outputs, is part
+    of that module and so is synchronised too). Without a process group it is a plain call."""
+
+    def __init__(self, model: DualEncoder):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixels: torch.Tensor | None, feats: torch.Tensor | None,
+                tokens: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(image, caption) embeddings: from images end to end (``pixels``) or cached features (``feats``)."""
+        img = self.model.image(pixels) if pixels is not None else self.model.encode_image_features(feats)
+        return img, self.model.encode_text(tokens)
+
+
 def build_model(cfg: Config, vocab: Vocab, *, feat_dim: int | None = None, region_dim: int = 0, target_dim: int = 0,
                 word_embeddings: torch.Tensor | None = None, backbone: Backbone | None = None) -> DualEncoder:
     """Build from config sections. ``backbone`` may be passed to share an already-loaded one;

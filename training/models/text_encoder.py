@@ -168,3 +168,13 @@ def train_top_layers(st: nn.Module, k: int) -> None:
 
 def move_batch(batch: dict, device: torch.device) -> dict:
     return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+
+def take_rows(batch: dict, rows: slice, n: int) -> dict:
+    """Rows ``rows`` of a prepared batch of ``n`` captions: every tensor or list with n rows is sliced
+    (a data-parallel process prepares the global batch, so its random draws are the global batch's,
+    and encodes its own rows). The whole batch is returned as is."""
+    if rows == slice(0, n):
+        return batch
+    return {k: (v[rows] if (torch.is_tensor(v) and v.dim() and v.shape[0] == n) or (isinstance(v, list) and len(v) == n)
+                else v) for k, v in batch.items()}
