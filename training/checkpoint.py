@@ -17,6 +17,7 @@ reconstruction is allowed as well (it rebuilds arrays of plain dtypes, nothing c
 """
 from __future__ import annotations
 
+import logging
 import pickle
 import platform
 import random
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from training.prepare import TrainingData
 
 BACKBONE_PREFIX = "image.backbone."
+log = logging.getLogger(__name__)
 
 
 def versions() -> dict:
@@ -158,6 +160,28 @@ def load_checkpoint(path: str | Path, *, required: tuple[str, ...] = ("model", "
         if not isinstance(ckpt, dict) or key not in ckpt:
             raise CheckpointError(f"{path} is not an LTD checkpoint (missing {key!r})")
     return ckpt
+
+
+def init_from_checkpoint(model: DualEncoder, path: str | Path) -> list[str]:
+    """Start a run from another run's weights (``train.init_from``: fine-tuning a pretrained model, the
+    shortcut paper's setting; not a resume — optimiser, schedule and λ start afresh). Every tensor the
+    source holds must exist here with the same shape, so a wrong source fails instead of silently
+    training from scratch; the one exception is a decoder the new run has no use for. What the source
+    lacks keeps its initialisation: a new LTD decoder, frozen parts rebuilt from their package.
+    Returns the names of the tensors left at initialisation."""
+    state = load_checkpoint(path)["model"]
+    own = model.state_dict()
+    unused = [k for k in state if k not in own and k.startswith("decoder.")]
+    bad = [k for k in state if k not in unused and (k not in own or own[k].shape != state[k].shape)]
+    if bad:
+        what = ", ".join(f"{k} {tuple(state[k].shape)}" + (f" vs {tuple(own[k].shape)}" if k in own else " (absent here)")
+                         for k in bad[:3])
+        raise CheckpointError(f"train.init_from={path}: its weights do not fit this model ({len(bad)} tensors, e.g. {what})")
+    model.load_state_dict({k: v for k, v in state.items() if k not in unused}, strict=False)
+    fresh = [k for k in own if k not in state]
+    log.info("initialised from %s (%d tensors; %d left at initialisation%s)", path, len(state) - len(unused), len(fresh),
+             f", {len(unused)} decoder tensors unused" if unused else "")
+    return fresh
 
 
 def model_from_checkpoint(ckpt: dict | str | Path, device: str | torch.device = "cpu") -> tuple[DualEncoder, Vocab, Config]:

@@ -25,6 +25,7 @@ from torch.optim.swa_utils import AveragedModel
 
 from training.checkpoint import (
     TrainingProgress,
+    init_from_checkpoint,
     load_checkpoint,
     restore_training,
     save_checkpoint,
@@ -153,6 +154,8 @@ def set_up(cfg: Config, data: TrainingData, device: torch.device, run_dir: Path,
                         word_embeddings=data.word_embeddings, backbone=data.backbone).to(device)
     train_img = data.train_image_index
     fit_to_training_data(model, data, train_img, cfg, show_progress)
+    if tc.init_from:  # after fitting: a pretrained model keeps its own statistics (FNE standardisation)
+        init_from_checkpoint(model, tc.init_from)
     optimizer, backbone_params = build_optimizer(model, cfg)
     steps_per_epoch = len(epoch_batches(tc.seed, 0, len(data.train_texts), tc.batch_size))
     if not steps_per_epoch:
