@@ -116,7 +116,8 @@ def training_checkpoint(cfg: Config, data: TrainingData, weights: DualEncoder, a
             "target_dim": int(data.targets.shape[1]) if data.targets is not None else 0,
             "feat_dim": data.feat_dim, "region_dim": data.region_dim, "word_dim": int(embed.weight.shape[1]) if embed is not None else m.word_dim,
             "backbone_in_state": trained, "backbone_trained": trained, "feature_key": data.feature_key,
-            "dataset": {"name": data.dataset.name, "json": str(data.dataset.json_path)}}
+            "dataset": {"name": data.dataset.name, "json": str(data.dataset.json_path)},
+            "clip": data.clip.spec if data.clip is not None else None}
 
 
 def restore_training(ckpt: dict, model: DualEncoder, optimizer: torch.optim.Optimizer, scheduler,
@@ -184,6 +185,23 @@ def init_from_checkpoint(model: DualEncoder, path: str | Path) -> list[str]:
     return fresh
 
 
+def zero_shot_checkpoint(clip_path: str | Path) -> dict:
+    """The checkpoint of an untrained CLIP (both towers, its pretrained logit scale): what `ltd index`
+    writes for a CLIP folder, so the zero-shot score is one command and serves like any trained model.
+    The folder's config, tokenizer and preprocessing go in as plain data (see ``training_checkpoint``)."""
+    from training.config import load_config
+    from training.models.clip import ClipSource
+
+    cfg = load_config(base={"model": {"backbone": "clip", "text_encoder": "clip", "clip_path": str(clip_path)},
+                            "train": {"name": "clip_zero_shot"}})
+    clip, vocab = ClipSource.from_dir(clip_path), Vocab.build([])
+    model = build_model(cfg, vocab, clip=clip)
+    return {"model": model.state_dict(), "excluded_prefixes": [], "config": cfg.to_dict(), "vocab": vocab.to_dict(),
+            "versions": versions(), "epoch": 0, "step": 0, "best": {"rsum": None, "epoch": 0}, "target_dim": 0,
+            "feat_dim": clip.embed_dim, "region_dim": 0, "word_dim": cfg.model.word_dim, "backbone_in_state": True,
+            "backbone_trained": False, "clip": clip.spec, "zero_shot": True}
+
+
 def model_from_checkpoint(ckpt: dict | str | Path, device: str | torch.device = "cpu") -> tuple[DualEncoder, Vocab, Config]:
     """Rebuild the model a checkpoint was trained as (eval mode)."""
     if not isinstance(ckpt, dict):
@@ -192,13 +210,22 @@ def model_from_checkpoint(ckpt: dict | str | Path, device: str | torch.device = 
     vocab = Vocab.from_dict(ckpt["vocab"])
     # Word vectors come from the saved state; no GloVe file is read.
     cfg.model.word_dim = int(ckpt.get("word_dim", cfg.model.word_dim))
+    clip = None
+    if ckpt.get("clip"):  # the CLIP's config, tokenizer and preprocessing travel in the checkpoint
+        from training.models.clip import ClipSource
+
+        clip = ClipSource(ckpt["clip"])
     model = build_model(cfg, vocab, feat_dim=ckpt.get("feat_dim"), region_dim=int(ckpt.get("region_dim", 0)),
-                        target_dim=int(ckpt.get("target_dim", 0)))
+                        target_dim=int(ckpt.get("target_dim", 0)), clip=clip)
     missing, unexpected = model.load_state_dict(ckpt["model"], strict=False)
     excluded = ckpt.get("excluded_prefixes", [] if ckpt.get("backbone_in_state") else [BACKBONE_PREFIX])
     bad = [k for k in missing if not any(k.startswith(p) for p in excluded)] + list(unexpected)
     if bad:
         raise CheckpointError(f"checkpoint does not match the model it describes: {bad[:5]}")
     if ckpt.get("backbone_trained"):
+        from training.models.backbones import state_digest
+
         model.image.frozen = True  # inference uses the fast frozen path with the fine-tuned weights
+        # ... and the feature cache must not answer with the pretrained weights' features
+        model.image.backbone.weights_id = f"trained:{state_digest(model.image.backbone)[:16]}"
     return model.to(device).eval(), vocab, cfg

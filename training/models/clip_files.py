@@ -54,6 +54,15 @@ def uses_clip(m: Any) -> bool:
     return m.backbone == "clip" or m.text_encoder == "clip"
 
 
+def is_clip_folder(path: str | Path) -> bool:
+    """A folder that says it holds a CLIP (its config.json has model_type "clip")."""
+    p = Path(path) / "config.json"
+    try:
+        return p.is_file() and p.stat().st_size < JSON_LIMIT and json.loads(p.read_text()).get("model_type") == "clip"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def check_clip_config(m: Any) -> None:
     """The CLIP settings of a model config that need no file (``ModelConfig``'s validator calls it)."""
     if uses_clip(m) and not m.clip_path:
