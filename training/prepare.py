@@ -123,14 +123,16 @@ def prepare(cfg: Config, *, show_progress: bool = True, device: str = "cpu") -> 
                  cfg.data.train_fraction, seed)
     sc = apply_shortcuts(cfg.data.shortcuts, ds, seed=cfg.train.seed)
     m = cfg.model
-    clip = None
+    clip, backbone = None, None
     if uses_clip(m):
         from training.models.clip import ClipSource
 
         clip = ClipSource.from_dir(m.clip_path)
-    backbone = clip.image_backbone() if m.backbone == "clip" else None if m.backbone == "precomputed" else \
-        build_backbone(m.backbone, features=m.image_features, image_size=m.image_size, weights=m.backbone_weights,
-                       resize=m.resize)
+    if m.backbone == "clip":
+        backbone = clip.image_backbone()
+    elif m.backbone != "precomputed":
+        backbone = build_backbone(m.backbone, features=m.image_features, image_size=m.image_size,
+                                  weights=m.backbone_weights, resize=m.resize)
     store, region_dim = image_features(cfg, ds, backbone, transform=sc.image_transform, transform_id=sc.transform_id,
                            show_progress=show_progress, device=device)
     train, val = _drop_failed(train, store.failed), _drop_failed(val, store.failed)

@@ -129,6 +129,7 @@ def build_model(cfg: Config, vocab: Vocab, *, feat_dim: int | None = None, regio
     precomputed regions when ``model.region_dim`` is 0. ``clip``: the CLIP of ``model.clip_path``
     (already read, or a checkpoint's copy); read from the folder when None and a tower needs it."""
     m = cfg.model
+    clip_head = None
     if uses_clip(m):
         from training.models.clip import ClipSource, NormalizedIdentity
 
@@ -136,8 +137,9 @@ def build_model(cfg: Config, vocab: Vocab, *, feat_dim: int | None = None, regio
         cfg = copy.deepcopy(cfg)  # the joint space is CLIP's: other towers and the decoder project into it
         cfg.model.embed_dim = clip.embed_dim
         m = cfg.model
-        if backbone is None and m.backbone == "clip":
-            backbone = clip.image_backbone()
+        if m.backbone == "clip":  # CLIP's own projection is the image side's head
+            backbone = backbone if backbone is not None else clip.image_backbone()
+            clip_head = NormalizedIdentity()
     if backbone is None and m.backbone != "precomputed":
         backbone = build_backbone(m.backbone, features=m.image_features, image_size=m.image_size,
                                   weights=m.backbone_weights, resize=m.resize)
@@ -148,7 +150,7 @@ def build_model(cfg: Config, vocab: Vocab, *, feat_dim: int | None = None, regio
     if feat_dim is None:
         raise ValueError("feat_dim is required when the backbone is precomputed")
     shared = shared_layers(m)  # TERN: one module that both encoders apply
-    head = NormalizedIdentity() if m.backbone == "clip" else region_image_head(m, feat_dim, backbone, shared, region_dim)
+    head = clip_head if clip_head is not None else region_image_head(m, feat_dim, backbone, shared, region_dim)
     image = ImageEncoder(backbone, feat_dim, m, head=head)
     text = clip.text_encoder(m.sbert_train_layers) if m.text_encoder == "clip" else \
         build_text_encoder(cfg, vocab, word_embeddings, shared)
