@@ -60,3 +60,30 @@ def test_a_new_decoder_keeps_its_initialisation(pretrained, tmp_path):
     fresh = init_from_checkpoint(model, path)
     assert fresh and all(k.startswith("decoder.") or "backbone" in k for k in fresh)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
+def test_a_grid_can_sweep_fine_tuning_of_its_own_pretrained_cell(tmp_path):
+    """A ``first`` cell trains before the sweeps, so that sweeps may start from it (``{out}``, ``{seed}``)."""
+    import yaml
+
+    from app.cli import main
+    from conftest import TINY
+
+    init = "train.init_from={out}/runs/pretrained/seed{seed}/best.pt"
+    grid = {"name": "ft", "base": "synthetic_baseline", "set": TINY + ["train.epochs=1"], "seeds": [0],
+            "cells": [{"name": "pretrained", "first": True},
+                      {"name": "fine_tuned", "set": [init], "sweep": {"optim.lr": [1e-4, 1e-3]}}]}
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(grid))
+    assert main(["experiment", "--config", str(tmp_path / "g.yaml"), "--out", str(tmp_path / "exp")]) == 0
+    res = json.loads((tmp_path / "exp" / "results.json").read_text())
+    assert {r["cell"] for r in res["runs"]} == {"pretrained", "fine_tuned"} and len(res["sweep_runs"]) == 2
+    pre = _val_rows(tmp_path / "exp" / "runs" / "pretrained" / "seed0")[-1]["rsum"]
+    for run in (tmp_path / "exp" / "runs").glob("fine_tuned@*/seed0"):
+        assert _val_rows(run)[0]["rsum"] == pytest.approx(pre, abs=1e-6)  # each sweep run starts from it
+    grid["cells"][0]["sweep"] = {"optim.lr": [1e-3]}
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(grid))
+    from app.grid import load_grid
+    from training.config import ConfigError
+
+    with pytest.raises(ConfigError, match="cannot sweep"):
+        load_grid(tmp_path / "g.yaml")
