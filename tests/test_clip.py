@@ -169,6 +169,7 @@ def test_fine_tuning_runs_the_recipe_and_moves_clip(fine_tuned, clip_dir, zero_s
         for key in ("image.backbone.vision.embeddings.patch_embedding.weight", "text.text_model.final_layer_norm.weight",
                     "logit_scale"):  # both towers and the pretrained temperature were fine-tuned
             assert not torch.equal(state[key], zs[key]), (name, key)
+        assert steps[0]["tau"] != steps[1]["tau"]  # CLIP's temperature is fine-tuned, and logged
         if name.startswith("ltd"):
             assert "lambda" in steps[0] and any(k.startswith("decoder.") for k in state)
         else:

@@ -334,6 +334,8 @@ def step_row(epoch: int, step: int, out: dict[str, torch.Tensor], lr: float, gra
     """A metrics.jsonl line for a step (keys in a fixed order: readers and plots rely on the names)."""
     row = {"type": "step", "epoch": epoch + 1, "step": step, "loss": float(out["loss"].detach()),
            "l_con": float(out["l_con"].detach()), "lr": lr, "grad_norm": grad_norm, "contrastive": contrastive}
+    if "con_tau" in out:  # a model's own learnt temperature (CLIP's logit scale) moves; loss.tau stays put
+        row["tau"] = float(out["con_tau"])
     if "l_rec" in out:
         row["l_rec"] = float(out["l_rec"].detach())
     if "lambda" in out:
