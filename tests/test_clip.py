@@ -133,6 +133,23 @@ def test_broken_folders_fail_with_one_line(clip_dir, tmp_path, folder_error, mes
         ClipSource.from_dir(d).model()
 
 
+def test_only_the_configs_hyperparameters_reach_transformers(clip_dir, tmp_path):
+    from training.models.clip import ClipSource
+
+    d = tmp_path / "c"
+    shutil.copytree(clip_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    hostile = {"_attn_implementation": "kernels-community/flash-attn", "attn_implementation": "someone/kernel",
+               "auto_map": {"AutoModel": "evil.Model"}, "transformers_weights": "adapter_model.bin"}
+    cfg.update(hostile)
+    cfg["text_config"].update(hostile)
+    (d / "config.json").write_text(json.dumps(cfg))
+    model = ClipSource.from_dir(d).model()  # builds, with nothing of the above
+    for c in (model.config, model.config.text_config):
+        assert c._attn_implementation in (None, "eager", "sdpa") and not hasattr(c, "auto_map")
+        assert getattr(c, "transformers_weights", None) is None
+
+
 @pytest.fixture(scope="module")
 def fine_tuned(clip_dir, scenes, tmp_path_factory):
     """Two steps of the paper's recipe with LTD and with IFM, without and with unique shortcuts, each

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -69,10 +70,10 @@ class ClipSource:
 
     def model(self):
         if self._model is None:
-            from transformers import CLIPConfig, CLIPModel
+            from transformers import CLIPModel
 
             try:
-                model = CLIPModel(CLIPConfig.from_dict(self.spec["config"])).eval()
+                model = CLIPModel(clip_config(self.spec["config"])).eval()
             except Exception as e:
                 raise ClipError(f"CLIP config of {self.spec.get('source')}: {type(e).__name__}: {str(e)[:200]}") from None
             if self._weights is not None:
@@ -92,6 +93,20 @@ class ClipSource:
     @property
     def logit_scale(self) -> nn.Parameter:
         return self.model().logit_scale
+
+
+def clip_config(d: dict):
+    """``CLIPConfig`` from a config.json's hyperparameters only (the fields CLIP's config classes
+    declare), so that nothing else a crafted file sets reaches ``transformers``: no attention
+    implementation to fetch from the hub, no remote code, no weights file to load, no dtype."""
+    from transformers import CLIPConfig, CLIPTextConfig, CLIPVisionConfig
+
+    def own(cls, sub: Any) -> dict:
+        return {k: v for k, v in (sub if isinstance(sub, dict) else {}).items() if k in cls.__annotations__}
+
+    top = {k: v for k, v in own(CLIPConfig, d).items() if k not in ("text_config", "vision_config")}
+    return CLIPConfig(text_config=own(CLIPTextConfig, d.get("text_config")),
+                      vision_config=own(CLIPVisionConfig, d.get("vision_config")), **top)
 
 
 def load_clip_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:

@@ -138,6 +138,8 @@ def read_tokenizer(folder: Path, max_positions: int) -> dict:
     special tokens and the length captions are truncated to (≤ the text tower's positions)."""
     if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
         vocab = read_json(folder / "vocab.json")
+        if (folder / "merges.txt").stat().st_size > JSON_LIMIT:
+            raise ClipError(f"{folder / 'merges.txt'}: larger than a CLIP tokenizer's merges")
         lines = (folder / "merges.txt").read_text(encoding="utf-8").splitlines()
         merges = [ln for ln in lines if ln.strip() and not ln.startswith("#version")]
     elif (folder / "tokenizer.json").is_file():
