@@ -67,6 +67,19 @@ def test_zero_shot_index_scores_what_clip_computes(clip_dir, zero_shot):
     assert ix.manifest["checkpoint_relative"] == "zero_shot.pt" and ix.manifest["model"]["embed_dim"] == 16
 
 
+def test_zero_shot_evaluates_and_is_rebuilt_only_when_the_clip_changes(clip_dir, zero_shot, scenes, tmp_path):
+    from app.cli import main
+
+    assert main(["eval", "--index", str(zero_shot), "--relevance", "none", "--no-progress"]) == 0
+    assert json.loads((zero_shot / "report.json").read_text())["rsum"] > 0
+    copy = tmp_path / "index"
+    shutil.copytree(zero_shot, copy)
+    before = (copy / "zero_shot.pt").stat().st_mtime_ns
+    assert main(["index", "--checkpoint", str(clip_dir), "--dataset", str(scenes), "--split", "val", "--out",
+                 str(copy), "--overwrite", "--no-progress"]) == 0
+    assert (copy / "zero_shot.pt").stat().st_mtime_ns == before  # same CLIP: same checkpoint, same sha256
+
+
 def test_the_preprocessing_is_the_processors_on_any_shape(clip_dir):
     from PIL import Image
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
