@@ -277,3 +277,22 @@ def test_one_clip_tower_beside_another_encoder(clip_dir, tmp_path, sets):
     res = train_run(cfg, tmp_path / "run", show_progress=False)
     model = model_from_checkpoint(res.run_dir / "best.pt")[0]
     assert model.embed_texts(["a red circle"]).shape == (1, 16) and model.logit_scale is None  # CLIP's joint space
+
+
+def test_fine_tuning_images_are_the_preprocessed_views_with_the_shortcut(clip_dir, scenes):
+    """Without augmentation (CLIP), an end-to-end batch holds exactly the views the feature cache and
+    the index see, shortcut digits included."""
+    from training.data.decode_pool import ImageViews
+    from training.data.image_batches import AugmentedImageBatches
+    from training.data.karpathy import load_karpathy
+    from training.data.shortcuts import apply_shortcuts
+    from training.models.clip_files import ClipPreprocess, read_preprocess
+
+    ds = load_karpathy(scenes)
+    pre, sc = ClipPreprocess.from_spec(read_preprocess(clip_dir)), apply_shortcuts("unique", ds, seed=3)
+    paths, ids = [im.path for im in ds.images], np.array([5, 17, 42])
+    batch = AugmentedImageBatches(paths, pre, [ids], seed=0, epoch=0, skip=0, augment=False, transform=sc.image_transform)[0]
+    views = ImageViews(paths, ids, pre, 1, transform=sc.image_transform)
+    assert torch.equal(batch, torch.cat([views[k][1] for k in range(len(ids))]))
+    plain = AugmentedImageBatches(paths, pre, [ids], seed=0, epoch=0, skip=0, augment=False)[0]
+    assert not torch.equal(batch, plain)  # the digits are there
