@@ -168,9 +168,10 @@ def init_from_checkpoint(model: DualEncoder, path: str | Path) -> list[str]:
     shortcut paper's setting; not a resume — optimiser, schedule and λ start afresh). Every tensor the
     source holds must exist here with the same shape, so a wrong source fails instead of silently
     training from scratch; the one exception is a decoder the new run has no use for. What the source
-    lacks keeps its initialisation: a new LTD decoder, frozen parts rebuilt from their package.
-    Returns the names of the tensors left at initialisation."""
-    state = load_checkpoint(path)["model"]
+    lacks keeps its initialisation: a new LTD decoder (frozen parts the source left out are rebuilt from
+    their package, as the source's were). Returns the names of the tensors left at initialisation."""
+    src = load_checkpoint(path)
+    state, packaged = src["model"], tuple(src.get("excluded_prefixes", []))
     own = model.state_dict()
     unused = [k for k in state if k not in own and k.startswith("decoder.")]
     bad = [k for k in state if k not in unused and (k not in own or own[k].shape != state[k].shape)]
@@ -179,7 +180,7 @@ def init_from_checkpoint(model: DualEncoder, path: str | Path) -> list[str]:
                          for k in bad[:3])
         raise CheckpointError(f"train.init_from={path}: its weights do not fit this model ({len(bad)} tensors, e.g. {what})")
     model.load_state_dict({k: v for k, v in state.items() if k not in unused}, strict=False)
-    fresh = [k for k in own if k not in state]
+    fresh = [k for k in own if k not in state and not k.startswith(packaged)]  # frozen packaged parts are the same
     log.info("initialised from %s (%d tensors; %d left at initialisation%s)", path, len(state) - len(unused), len(fresh),
              f", {len(unused)} decoder tensors unused" if unused else "")
     return fresh
