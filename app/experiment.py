@@ -168,6 +168,10 @@ def run_grid(grid: Grid, out: Path, n_jobs: int = 1, render_only: bool = False, 
                    eval_splits=[val_split, grid.eval_split], eval_shortcuts=grid.eval_shortcuts,
                    relevance=grid.relevance, base=grid.base, label=label, sweep_value=value, nproc=cell_nproc[cell])
 
+    # Phase 0: cells marked `first` (a pretrained model that sweeps fine-tune from), every seed; phase 2
+    # finds them finished and only collects their results.
+    _run_all([job(c.name, s, c.set, c.name) for c in grid.cells if c.first
+              for s in (c.seeds if c.seeds is not None else grid.seeds)], n_jobs)
     # Phase 1: sweeps on their sweep seeds, chosen on val.
     sweep_jobs = []
     for c in grid.cells:

@@ -20,6 +20,10 @@ Grid file (YAML)::
         sweep: {set: [[loss.tau=0.03, optim.lr=1.0e-3], [loss.tau=0.1, optim.lr=2.5e-4]]}
       - name: replayed
         set: [loss.mode=replay, "loss.lambda_schedule={out}/runs/ltd_constraint@eta=0.15/seed{next_seed}"]
+      - name: pretrained                      # first: trained (every seed) before any sweep, so that
+        first: true                           # sweeps may fine-tune from it:
+      - name: fine_tuned                      # train.init_from={out}/runs/pretrained/seed{seed}/best.pt
+        set: ["train.init_from={out}/runs/pretrained/seed{seed}/best.pt"]
     compare: [[ltd_constraint, replayed]]   # extra pairs (every cell is compared with the first)
 
 ``{seed}``, ``{next_seed}`` and ``{out}`` in a cell's overrides become the run's seed, the grid's next
@@ -48,11 +52,14 @@ class GridCell(Section):
     sweep_seeds: list[int] | None = None  # seeds of the sweep (default: the grid's first seed)
     seeds: list[int] | None = None  # this cell's seeds (default: the grid's)
     nproc: int | None = Field(None, ge=1)  # data-parallel processes per run (default: the grid's)
+    first: bool = False  # trained before the sweeps (a pretrained model that they fine-tune from)
 
     @model_validator(mode="after")
     def _one_parameter(self) -> GridCell:
         if len(self.sweep) > 1:
             raise ValueError(f"cell {self.name}: sweep one parameter at a time")
+        if self.first and self.sweep:
+            raise ValueError(f"cell {self.name}: a 'first' cell (trained before the sweeps) cannot sweep")
         return self
 
 

@@ -28,7 +28,8 @@ def train_run(cfg, out: Path, *, resume: bool = False, show_progress: bool = Tru
 
     data = prepare(cfg, show_progress=show_progress, device=str(pick_device(cfg.train.device)))
     val_feats = data.image_feats[[im.index for im in data.val.images]].mean(1)
-    validator = make_validator(data.val, data.val_texts, val_feats, max_images=cfg.train.val_max_images)
+    validator = make_validator(data.val, data.val_texts, val_feats, max_images=cfg.train.val_max_images,
+                               transform=data.image_transform)
     return train(cfg, out, validate=validator, resume=resume, data=data, show_progress=show_progress)
 
 

@@ -14,9 +14,10 @@ import torch
 from indexer.ann import build_vector_index
 from indexer.corpus import IMAGE_EXTS, check_corpus_inputs, image_files, read_captions_file
 from indexer.embed import embed_captions, embed_image_features, embed_image_files
-from indexer.index import (IndexDir, IndexDirError, Modality, append_to_index_dir, check_target, inside_roots,
-                           open_for_append, relative_to_index, save_index_dir)
-from training.checkpoint import load_checkpoint, model_from_checkpoint, versions
+from indexer.index import (ZERO_SHOT, IndexDir, IndexDirError, Modality, append_to_index_dir, check_target,
+                           inside_roots, open_for_append, relative_to_index, save_index_dir)
+from training.checkpoint import (CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint, versions,
+                                 zero_shot_checkpoint)
 from training.errors import UserValueError
 from training.fsio import sha256_file
 from training.losses.objective import describe_loss
@@ -49,12 +50,33 @@ def load_model(checkpoint: str | Path, device: str = "cpu", runtime: str | None 
     if model.similarity != "cosine":
         raise IndexDirError(f"{checkpoint}: {model.similarity}-similarity models cannot use an inner-product FAISS "
                             "index; evaluate them with training validation instead")
-    meta = {"train_name": cfg.train.name, "similarity": model.similarity, "embed_dim": cfg.model.embed_dim,
+    meta = {"train_name": cfg.train.name, "similarity": model.similarity, "embed_dim": int(model.image.embed_dim),
             "loss": describe_loss(cfg.loss),
             "backbone": cfg.model.backbone, "image_features": cfg.model.image_features,
             "image_encoder": cfg.model.image_encoder, "text_encoder": cfg.model.text_encoder, "epoch": ckpt.get("epoch"),
             "best_val_rsum": (ckpt.get("best") or {}).get("rsum")}
     return LoadedModel(model, cfg, checkpoint, sha256_file(checkpoint), meta)
+
+
+def ensure_zero_shot(clip_dir: str | Path, index_dir: str | Path) -> Path:
+    """``index_dir/zero_shot.pt`` for a CLIP folder: written once, and kept while the folder's CLIP
+    (config, weights, tokenizer, preprocessing) is the same, so its sha256 — which the index's manifest
+    records and the server checks — stays put across rebuilds and appends. Index and checkpoint then
+    move together."""
+    from training.models.clip import resolve_clip_path
+    from training.models.clip_files import read_clip_spec
+
+    path = Path(index_dir) / ZERO_SHOT
+    if path.is_file():
+        try:
+            if load_checkpoint(path).get("clip") == read_clip_spec(resolve_clip_path(str(clip_dir))):
+                return path
+        except CheckpointError as e:
+            log.warning("replacing %s: %s", path, e)
+    payload = zero_shot_checkpoint(clip_dir)  # a folder that cannot be used fails here, before --out exists
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log.info("zero-shot checkpoint of %s → %s", clip_dir, path)
+    return save_checkpoint(path, payload)
 
 
 def _checkpoint_fields(lm: LoadedModel, out: str | Path) -> dict:
@@ -117,14 +139,13 @@ def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str,
         img_vecs, failed, txt_vecs = ray_embed_fn(lm, ray, device, runtime, show_progress)(
             [im.path for im in sp.images], texts)
         keep = [k for k in range(len(idx)) if k not in failed]
-    elif lm.model.image.frozen:
+    elif lm.model.image.frozen and (lm.model.image.backbone is None or lm.model.image.backbone.cache_inference):
         feats, failed = _dataset_image_features(lm, ds, idx, sc.image_transform, sc.transform_id, show_progress)
         keep = [k for k in range(len(idx)) if k not in failed]
         img_vecs = embed_image_features(lm.model, feats[keep])
-    else:
-        if sc.image_transform is not None:
-            raise IndexDirError("shortcut evaluation needs a frozen backbone (feature-cache path)")
-        img_vecs, failed = embed_image_files(lm.model, [im.path for im in sp.images], show_progress=show_progress)
+    else:  # from the files: a backbone being trained, or one whose embeddings must not pass through float16
+        img_vecs, failed = embed_image_files(lm.model, [im.path for im in sp.images], show_progress=show_progress,
+                                             transform=sc.image_transform, image_ids=idx)
         keep = [k for k in range(len(idx)) if k not in failed]
     if ray is None:
         txt_vecs = embed_captions(lm.model, texts, show_progress=show_progress)

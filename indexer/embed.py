@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from training.progress import progress, progress_iter
 
-from training.data.decode_pool import decoded_batches
+from training.data.decode_pool import ImageTransform, RenumberedTransform, decoded_batches
 from training.losses import similarity_fn
 from training.models.dual_encoder import DualEncoder, NoImageBackbone
 from training.models.text_encoder import move_batch
@@ -47,11 +47,13 @@ def embed_image_features(model: DualEncoder, feats: torch.Tensor, *, batch_size:
 
 @torch.no_grad()
 def embed_image_files(model: DualEncoder, paths: Sequence[str | Path], *, batch_size: int = 32,
-                      show_progress: bool = False, workers: int | None = None,
-                      draft: bool = False) -> tuple[np.ndarray, dict[int, str]]:
+                      show_progress: bool = False, workers: int | None = None, draft: bool = False,
+                      transform: ImageTransform | None = None,
+                      image_ids: Sequence[int] | None = None) -> tuple[np.ndarray, dict[int, str]]:
     """Encode image files through the backbone, decoding in worker processes while the CNN runs
     (``decode_pool``). Unreadable files are skipped and returned as ``{position: reason}``; the
-    embedding array has one row per readable file, in order."""
+    embedding array has one row per readable file, in order. ``transform`` (synthetic shortcuts)
+    draws on every view, keyed by the files' dataset indices ``image_ids``."""
     model.eval()
     enc = model.image
     if enc.backbone is None:
@@ -59,9 +61,12 @@ def embed_image_files(model: DualEncoder, paths: Sequence[str | Path], *, batch_
     out, failed = [], {}
     v, s = enc.n_crops, enc.backbone.preprocess.size
     paths = [Path(p) for p in paths]
+    if transform is not None:
+        transform = RenumberedTransform(transform, image_ids if image_ids is not None else range(len(paths)))
     with progress(len(paths), desc="image embeddings", unit="img", disable=not show_progress) as bar:
         for idx, x, bad in decoded_batches(paths, range(len(paths)), enc.backbone.preprocess, n_views=v,
-                                           batch_size=batch_size * v, workers=workers, draft=draft):
+                                           batch_size=batch_size * v, workers=workers, draft=draft,
+                                           transform=transform):
             for j, err in bad:
                 failed[j] = err
                 log.warning("skipped: %s", err)

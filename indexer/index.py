@@ -46,6 +46,7 @@ _DERIVED_RE = re.compile(r"^(?:relevance_\w+|per_query)\.g(\d+)\.(?:npy|npz)$")
 # Files of format 1 (fixed names, no hashes); removed when such a directory is rebuilt.
 _LEGACY = {f"{m}.{k}" for m in MODALITIES for k in KINDS} | {"relevance_rougeL.npy"}
 _REPORTS = ("report.json", "report.md")
+ZERO_SHOT = "zero_shot.pt"  # an untrained CLIP's checkpoint, written beside the index it was built with
 
 
 @dataclass
@@ -129,7 +130,7 @@ def _data_name(modality: str, kind: str, generation: int) -> str:
 def _ours(name: str) -> bool:
     """A file an index write creates (so an interrupted build's folder may be reused)."""
     return bool(_DATA_RE.match(name) or _DERIVED_RE.match(name)) or name in _LEGACY or name in _REPORTS \
-        or name == "manifest.json"
+        or name in ("manifest.json", ZERO_SHOT)
 
 
 def collect_garbage(path: Path, manifest: dict | None) -> list[str]:
@@ -355,6 +356,6 @@ def relative_to_index(index_path: Path, target: str | Path) -> str:
     return os.path.relpath(Path(target).resolve(), Path(index_path).resolve())
 
 
-__all__ = ["FORMAT_VERSION", "IndexDir", "IndexDirError", "Modality", "VectorIndex", "append_to_index_dir", "check_target",
+__all__ = ["FORMAT_VERSION", "ZERO_SHOT", "IndexDir", "IndexDirError", "Modality", "VectorIndex", "append_to_index_dir", "check_target",
            "collect_garbage", "load_index_dir", "open_for_append", "read_manifest", "relative_to_index", "resolve_checkpoint",
            "save_index_dir"]

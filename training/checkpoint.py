@@ -17,6 +17,7 @@ reconstruction is allowed as well (it rebuilds arrays of plain dtypes, nothing c
 """
 from __future__ import annotations
 
+import logging
 import pickle
 import platform
 import random
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from training.prepare import TrainingData
 
 BACKBONE_PREFIX = "image.backbone."
+log = logging.getLogger(__name__)
 
 
 def versions() -> dict:
@@ -114,7 +116,8 @@ def training_checkpoint(cfg: Config, data: TrainingData, weights: DualEncoder, a
             "target_dim": int(data.targets.shape[1]) if data.targets is not None else 0,
             "feat_dim": data.feat_dim, "region_dim": data.region_dim, "word_dim": int(embed.weight.shape[1]) if embed is not None else m.word_dim,
             "backbone_in_state": trained, "backbone_trained": trained, "feature_key": data.feature_key,
-            "dataset": {"name": data.dataset.name, "json": str(data.dataset.json_path)}}
+            "dataset": {"name": data.dataset.name, "json": str(data.dataset.json_path)},
+            "clip": data.clip.spec if data.clip is not None else None}
 
 
 def restore_training(ckpt: dict, model: DualEncoder, optimizer: torch.optim.Optimizer, scheduler,
@@ -160,6 +163,46 @@ def load_checkpoint(path: str | Path, *, required: tuple[str, ...] = ("model", "
     return ckpt
 
 
+def init_from_checkpoint(model: DualEncoder, path: str | Path) -> list[str]:
+    """Start a run from another run's weights (``train.init_from``: fine-tuning a pretrained model, the
+    shortcut paper's setting; not a resume — optimiser, schedule and λ start afresh). Every tensor the
+    source holds must exist here with the same shape, so a wrong source fails instead of silently
+    training from scratch; the one exception is a decoder the new run has no use for. What the source
+    lacks keeps its initialisation: a new LTD decoder (frozen parts the source left out are rebuilt from
+    their package, as the source's were). Returns the names of the tensors left at initialisation."""
+    src = load_checkpoint(path)
+    state, packaged = src["model"], tuple(src.get("excluded_prefixes", []))
+    own = model.state_dict()
+    unused = [k for k in state if k not in own and k.startswith("decoder.")]
+    bad = [k for k in state if k not in unused and (k not in own or own[k].shape != state[k].shape)]
+    if bad:
+        what = ", ".join(f"{k} {tuple(state[k].shape)}" + (f" vs {tuple(own[k].shape)}" if k in own else " (absent here)")
+                         for k in bad[:3])
+        raise CheckpointError(f"train.init_from={path}: its weights do not fit this model ({len(bad)} tensors, e.g. {what})")
+    model.load_state_dict({k: v for k, v in state.items() if k not in unused}, strict=False)
+    fresh = [k for k in own if k not in state and not k.startswith(packaged)]  # frozen packaged parts are the same
+    log.info("initialised from %s (%d tensors; %d left at initialisation%s)", path, len(state) - len(unused), len(fresh),
+             f", {len(unused)} decoder tensors unused" if unused else "")
+    return fresh
+
+
+def zero_shot_checkpoint(clip_path: str | Path) -> dict:
+    """The checkpoint of an untrained CLIP (both towers, its pretrained logit scale): what `ltd index`
+    writes for a CLIP folder, so the zero-shot score is one command and serves like any trained model.
+    The folder's config, tokenizer and preprocessing go in as plain data (see ``training_checkpoint``)."""
+    from training.config import load_config
+    from training.models.clip import ClipSource
+
+    cfg = load_config(base={"model": {"backbone": "clip", "text_encoder": "clip", "clip_path": str(clip_path)},
+                            "train": {"name": "clip_zero_shot"}})
+    clip, vocab = ClipSource.from_dir(clip_path), Vocab.build([])
+    model = build_model(cfg, vocab, clip=clip)
+    return {"model": model.state_dict(), "excluded_prefixes": [], "config": cfg.to_dict(), "vocab": vocab.to_dict(),
+            "versions": versions(), "epoch": 0, "step": 0, "best": {"rsum": None, "epoch": 0}, "target_dim": 0,
+            "feat_dim": clip.embed_dim, "region_dim": 0, "word_dim": cfg.model.word_dim, "backbone_in_state": True,
+            "backbone_trained": False, "clip": clip.spec, "zero_shot": True}
+
+
 def model_from_checkpoint(ckpt: dict | str | Path, device: str | torch.device = "cpu") -> tuple[DualEncoder, Vocab, Config]:
     """Rebuild the model a checkpoint was trained as (eval mode)."""
     if not isinstance(ckpt, dict):
@@ -168,13 +211,22 @@ def model_from_checkpoint(ckpt: dict | str | Path, device: str | torch.device = 
     vocab = Vocab.from_dict(ckpt["vocab"])
     # Word vectors come from the saved state; no GloVe file is read.
     cfg.model.word_dim = int(ckpt.get("word_dim", cfg.model.word_dim))
+    clip = None
+    if ckpt.get("clip"):  # the CLIP's config, tokenizer and preprocessing travel in the checkpoint
+        from training.models.clip import ClipSource
+
+        clip = ClipSource(ckpt["clip"])
     model = build_model(cfg, vocab, feat_dim=ckpt.get("feat_dim"), region_dim=int(ckpt.get("region_dim", 0)),
-                        target_dim=int(ckpt.get("target_dim", 0)))
+                        target_dim=int(ckpt.get("target_dim", 0)), clip=clip)
     missing, unexpected = model.load_state_dict(ckpt["model"], strict=False)
     excluded = ckpt.get("excluded_prefixes", [] if ckpt.get("backbone_in_state") else [BACKBONE_PREFIX])
     bad = [k for k in missing if not any(k.startswith(p) for p in excluded)] + list(unexpected)
     if bad:
         raise CheckpointError(f"checkpoint does not match the model it describes: {bad[:5]}")
     if ckpt.get("backbone_trained"):
+        from training.models.backbones import state_digest
+
         model.image.frozen = True  # inference uses the fast frozen path with the fine-tuned weights
+        # ... and the feature cache must not answer with the pretrained weights' features
+        model.image.backbone.weights_id = f"trained:{state_digest(model.image.backbone)[:16]}"
     return model.to(device).eval(), vocab, cfg

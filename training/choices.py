@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any, Literal, get_args
 
 # ---- retrieval model (ModelConfig) ----
-Backbone = Literal["efficientnet_lite0", "resnet50", "resnet152", "precomputed"]
+Backbone = Literal["efficientnet_lite0", "resnet50", "resnet152", "precomputed", "clip"]  # clip: model.clip_path
 ImageFeatures = Literal["pooled", "fne", "grid"]  # last block | full-network embedding | grid cells (regions)
 ImageEncoder = Literal["head", "vsrn", "tern"]
 Head = Literal["mlp", "linear"]
-TextEncoder = Literal["gru", "sbert", "tern"]
+TextEncoder = Literal["gru", "sbert", "tern", "clip"]
 TextPool = Literal["mean", "max"]
 Crops = Literal[1, 2, 10]  # centre | centre + flip | ten-crop
 

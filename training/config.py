@@ -37,6 +37,7 @@ from training.config_base import (
 )
 from training.data.shortcuts import VALID_CHOICES as SHORTCUT_CHOICES
 from training.data.shortcuts import parse_setting
+from training.models.clip_files import check_clip_config  # plain files and JSON only: no torch here
 
 __all__ = ["CAPTION_PRESET_PREFIX", "Config", "ConfigError", "DataConfig", "LossConfig", "ModelConfig", "OptimConfig",
            "TrainConfig", "config_from_dict", "did_you_mean", "dump_config", "list_presets", "load_config",
@@ -97,7 +98,8 @@ class ModelConfig(Section):
     reasoning_ff: PositiveInt = 1024  # tern: feed-forward width of the transformer layers (TERN: 2048)
     reasoning_dropout: DropoutRate = 0.1  # tern: dropout inside the transformer layers (TERN: 0.1)
     # Caption side.
-    text_encoder: C.TextEncoder = "gru"  # gru (word embeddings → bi-GRU) | sbert (fine-tuned) | tern (shared layers)
+    text_encoder: C.TextEncoder = "gru"  # gru (word embeddings → bi-GRU) | sbert (fine-tuned) | tern (shared layers) | clip
+    clip_path: str = ""  # backbone/text_encoder=clip: a Hugging Face CLIP folder (training/models/clip_files.py)
     word_embeddings: str = "glove"  # glove (packaged 6B-50d) | random | path to a GloVe .txt file
     word_dim: int = 50  # only used with word_embeddings=random
     text_hidden: int = 512  # GRU hidden size per direction
@@ -105,7 +107,7 @@ class ModelConfig(Section):
     token_dropout: DropoutRate = 0.0  # probability of replacing a caption token with <unk> while training
     text_pool: C.TextPool = "mean"  # gru: how the bi-GRU's states become one vector (over the caption's words)
     sbert_path: str = ""  # text_encoder=sbert: local sentence-transformers folder ("" = packaged MiniLM)
-    # sbert/tern: -1 fine-tune all layers, 0 frozen (sbert: embeddings cached), k top k layers
+    # sbert/tern/clip text: -1 fine-tune all layers, 0 frozen (sbert: embeddings cached), k top k layers
     sbert_train_layers: Annotated[int, must(lambda v: v >= -1, "must be -1 (all), 0 (frozen) or a layer count")] = -1
     text_head: C.Head = "mlp"  # projection head of the caption encoder: mlp (2 layers) | linear
     # Joint space.
@@ -129,6 +131,7 @@ class ModelConfig(Section):
         if self.image_features == "fne" and not self.freeze_backbone:
             raise ValueError("model.image_features=fne needs a frozen backbone (model.freeze_backbone=true)")
         _check_regions(self)
+        check_clip_config(self)
         return self
 
 
@@ -215,6 +218,7 @@ class TrainConfig(Section):
     multi_view: bool = True  # sample one cached view (crop/flip) per image each step
     num_threads: int = 0  # torch CPU threads; 0 = torch default
     val_max_images: int = 0  # 0 = whole val split
+    init_from: str = ""  # a retrieval checkpoint whose weights start this run (fine-tuning; not a resume: new optimiser)
 
 
 class Config(Section):

@@ -31,6 +31,7 @@ from torch.optim.swa_utils import AveragedModel
 from training import distributed
 from training.checkpoint import (
     TrainingProgress,
+    init_from_checkpoint,
     load_checkpoint,
     restore_training,
     save_checkpoint,
@@ -166,9 +167,11 @@ def set_up(cfg: Config, data: TrainingData, device: torch.device, run_dir: Path,
     target_dim = int(data.targets.shape[1]) if data.targets is not None else 0
     torch.manual_seed(tc.seed)
     model = build_model(cfg, data.vocab, feat_dim=data.feat_dim, region_dim=data.region_dim, target_dim=target_dim,
-                        word_embeddings=data.word_embeddings, backbone=data.backbone).to(device)
+                        word_embeddings=data.word_embeddings, backbone=data.backbone, clip=data.clip).to(device)
     train_img = data.train_image_index
     fit_to_training_data(model, data, train_img, cfg, show_progress)
+    if tc.init_from:  # after fitting: a pretrained model keeps its own statistics (FNE standardisation)
+        init_from_checkpoint(model, tc.init_from)
     optimizer, backbone_params = build_optimizer(model, cfg)
     rank = distributed.current()
     steps_per_epoch = len(epoch_batches(tc.seed, 0, len(data.train_texts), tc.batch_size, rank.world))
@@ -176,7 +179,7 @@ def set_up(cfg: Config, data: TrainingData, device: torch.device, run_dir: Path,
         raise UserValueError(f"train split has {len(data.train_texts)} captions: fewer than 2, nothing to train on")
     total_steps = steps_per_epoch * tc.epochs
     objective = TrainingObjective(cfg.loss, total_steps=total_steps, vocab=data.vocab,
-                                  max_caption_len=cfg.data.max_caption_len)
+                                  max_caption_len=cfg.data.max_caption_len, logit_scale=model.logit_scale)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(oc.warmup_steps, total_steps, oc.schedule, oc.min_lr_ratio))
     dtype = autocast_dtype(device.type, tc)
@@ -260,13 +263,15 @@ def unfreeze_backbone_if_due(r: Run, epoch: int) -> None:
 
 def image_batches(r: Run, epoch: int, batches: list[np.ndarray]) -> Iterator[torch.Tensor] | None:
     """End to end: augmented image batches from the files, from this epoch's next step on (two worker
-    processes decode ahead). None while the backbone is frozen (its features are cached)."""
+    processes decode ahead), with the shortcuts drawn when the run has them. None while the backbone
+    is frozen (its features are cached)."""
     if r.model.image.frozen:
         return None
-    paths = [im.path for im in r.data.dataset.images]
+    paths, bb = [im.path for im in r.data.dataset.images], r.model.image.backbone
     parts = [r.train_img[b][r.rank.shard(len(b)).rows] for b in batches]  # this process's images only
-    ds = AugmentedImageBatches(paths, r.model.image.backbone.preprocess, parts, r.cfg.train.seed, epoch,
-                               r.at.step_in_epoch, stream=(r.rank.world, r.rank.rank) if r.rank.world > 1 else ())
+    ds = AugmentedImageBatches(paths, bb.preprocess, parts, r.cfg.train.seed, epoch, r.at.step_in_epoch,
+                               stream=(r.rank.world, r.rank.rank) if r.rank.world > 1 else (),
+                               augment=bb.train_augment, transform=r.data.image_transform)
     return iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, prefetch_factor=2))
 
 
@@ -349,6 +354,8 @@ def step_row(epoch: int, step: int, out: dict[str, torch.Tensor], lr: float, gra
     """A metrics.jsonl line for a step (keys in a fixed order: readers and plots rely on the names)."""
     row = {"type": "step", "epoch": epoch + 1, "step": step, "loss": float(out["loss"].detach()),
            "l_con": float(out["l_con"].detach()), "lr": lr, "grad_norm": grad_norm, "contrastive": contrastive}
+    if "con_tau" in out:  # a model's own learnt temperature (CLIP's logit scale) moves; loss.tau stays put
+        row["tau"] = float(out["con_tau"])
     if "l_rec" in out:
         row["l_rec"] = float(out["l_rec"].detach())
     if "lambda" in out:

@@ -9,6 +9,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +21,11 @@ from training.env import default_cache_dir
 from training.features import FeatureStore, extract_features
 from training.losses.objective import objective_needs
 from training.models.backbones import Backbone, build_backbone
+from training.models.clip_files import uses_clip
+
+if TYPE_CHECKING:
+    from training.data.decode_pool import ImageTransform
+    from training.models.clip import ClipSource
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +68,8 @@ class TrainingData:
     feature_key: str
     word_embeddings: torch.Tensor | None
     region_dim: int = 0  # channels per region of precomputed regions (checkpoints record it); 0 otherwise
+    clip: ClipSource | None = None  # the CLIP of model.clip_path (its spec goes into checkpoints)
+    image_transform: ImageTransform | None = None  # what the shortcuts draw on training images (end-to-end batches)
 
     @property
     def train_image_index(self) -> np.ndarray:
@@ -115,8 +123,16 @@ def prepare(cfg: Config, *, show_progress: bool = True, device: str = "cpu") -> 
                  cfg.data.train_fraction, seed)
     sc = apply_shortcuts(cfg.data.shortcuts, ds, seed=cfg.train.seed)
     m = cfg.model
-    backbone = None if m.backbone == "precomputed" else build_backbone(
-        m.backbone, features=m.image_features, image_size=m.image_size, weights=m.backbone_weights, resize=m.resize)
+    clip, backbone = None, None
+    if uses_clip(m):
+        from training.models.clip import ClipSource
+
+        clip = ClipSource.from_dir(m.clip_path)
+    if m.backbone == "clip":
+        backbone = clip.image_backbone()
+    elif m.backbone != "precomputed":
+        backbone = build_backbone(m.backbone, features=m.image_features, image_size=m.image_size,
+                                  weights=m.backbone_weights, resize=m.resize)
     store, region_dim = image_features(cfg, ds, backbone, transform=sc.image_transform, transform_id=sc.transform_id,
                            show_progress=show_progress, device=device)
     train, val = _drop_failed(train, store.failed), _drop_failed(val, store.failed)
@@ -145,7 +161,8 @@ def prepare(cfg: Config, *, show_progress: bool = True, device: str = "cpu") -> 
             targets = same_image_targets(targets, [c.image_index for c in train.captions], cfg.train.seed)
     return TrainingData(dataset=ds, train=train, val=val, vocab=vocab, image_feats=feats, failed_images=store.failed,
                         train_texts=train_texts, val_texts=val_texts, targets=targets, backbone=backbone,
-                        feat_dim=store.dim, feature_key=store.key, word_embeddings=emb, region_dim=region_dim)
+                        feat_dim=store.dim, feature_key=store.key, word_embeddings=emb, region_dim=region_dim,
+                        clip=clip, image_transform=sc.image_transform)
 
 
 def shuffled_targets(targets: torch.Tensor, seed: int) -> torch.Tensor:

@@ -13,7 +13,9 @@ log = logging.getLogger("ltd.index")
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("index", parents=[common], help="embed a dataset split or a corpus into FAISS indexes")
-    p.add_argument("--checkpoint", required=True, help="best.pt / checkpoint.pt of a run")
+    p.add_argument("--checkpoint", required=True,
+                   help="best.pt / checkpoint.pt of a run, or a CLIP folder in the Hugging Face layout: its zero-shot "
+                        "checkpoint is written into --out as zero_shot.pt (README, 'Fine-tuning CLIP')")
     p.add_argument("--out", required=True, help="index directory to write")
     p.add_argument("--dataset", help="Karpathy JSON (or its folder) — with --split, indexes a split with ground truth")
     p.add_argument("--split", default="test", help="train | val | test (default test)")
@@ -81,8 +83,11 @@ def check_index_args(args: argparse.Namespace) -> str:
         raise UserValueError("give either --dataset (a split with ground truth) or --images-dir/--captions-file (a corpus)")
     if not args.dataset and not corpus:
         raise UserValueError("nothing to index: give --dataset (and --split) or --images-dir/--captions-file")
-    if not Path(args.checkpoint).is_file():
-        raise UserFileNotFound(f"--checkpoint: file not found: {args.checkpoint}")
+    from training.models.clip_files import is_clip_folder
+
+    if not (Path(args.checkpoint).is_file() or is_clip_folder(args.checkpoint)):
+        raise UserFileNotFound(f"--checkpoint: not a checkpoint file nor a CLIP folder (config.json with model_type "
+                               f"'clip'): {args.checkpoint}")
     if args.append:
         if not corpus:
             raise UserValueError("--append adds a corpus (--images-dir/--captions-file) to an existing index")
@@ -100,7 +105,10 @@ def check_index_args(args: argparse.Namespace) -> str:
 def cmd_index(args: argparse.Namespace) -> int:
     mode = check_index_args(args)
     log.info("loading the model from %s …", args.checkpoint)
-    from indexer.build import append_corpus, build_corpus_index, build_dataset_index
+    from indexer.build import append_corpus, build_corpus_index, build_dataset_index, ensure_zero_shot
+
+    if Path(args.checkpoint).is_dir():  # a CLIP folder: zero-shot, no `ltd train`
+        args.checkpoint = str(ensure_zero_shot(args.checkpoint, args.out))
 
     progress = not args.no_progress
     ray = None

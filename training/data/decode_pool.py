@@ -31,6 +31,17 @@ from training.data.images import ImageError, Preprocess, load_image
 ImageTransform = Callable[[int, Image.Image], Image.Image]
 
 
+class RenumberedTransform:
+    """A transform keyed by dataset image index, for a list of paths whose positions are not those
+    indices (a split's images); picklable when ``transform`` is (worker processes get a copy)."""
+
+    def __init__(self, transform: ImageTransform, image_ids: Sequence[int]):
+        self.transform, self.image_ids = transform, [int(i) for i in image_ids]
+
+    def __call__(self, position: int, view: Image.Image) -> Image.Image:
+        return self.transform(self.image_ids[position], view)
+
+
 def decode_key(draft: bool) -> dict:
     """What the feature cache must add to its key for this decoding (nothing for full decoding, so
     the keys written before draft decoding existed stay valid)."""

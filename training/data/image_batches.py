@@ -4,6 +4,9 @@ Augmentation is a random resized crop (scale 0.5–1, aspect 3/4–4/3) and a ho
 from a generator seeded by (seed, epoch, step): a resumed run sees exactly the images an
 uninterrupted one would. A data-parallel process decodes only its part of each batch and appends
 ``stream`` (process count, rank) to the seed, so its draws are its own and still deterministic.
+Without augmentation (a backbone fine-tuned on its own preprocessing, as the shortcuts paper
+fine-tunes CLIP) each image is the preprocessing's centre crop. ``transform`` (the synthetic
+shortcuts) then draws on the final view, as it does on the feature cache's views.
 """
 from __future__ import annotations
 
@@ -13,16 +16,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from training.data.decode_pool import ImageTransform
 from training.data.images import load_image
 
 
 class AugmentedImageBatches(torch.utils.data.Dataset):
-    """Item i = the images of ``batches[skip + i]``, augmented, as a (B, 3, S, S) tensor."""
+    """Item i = the images of ``batches[skip + i]`` (dataset image indices), augmented unless
+    ``augment`` is False, as a (B, 3, S, S) tensor."""
 
     def __init__(self, paths: list[Path], pre, batches: list[np.ndarray], seed: int, epoch: int, skip: int,
-                 stream: tuple[int, ...] = ()):
+                 stream: tuple[int, ...] = (), augment: bool = True, transform: ImageTransform | None = None):
         self.paths, self.pre, self.batches, self.seed, self.epoch, self.skip = paths, pre, batches, seed, epoch, skip
-        self.stream = stream
+        self.stream, self.augment, self.transform = stream, augment, transform
 
     def __len__(self) -> int:
         return len(self.batches) - self.skip
@@ -33,13 +38,20 @@ class AugmentedImageBatches(torch.utils.data.Dataset):
         out = []
         for idx in self.batches[s]:
             img = load_image(self.paths[idx])
-            w, h = img.size
-            scale, ratio = rng.uniform(0.5, 1.0), math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
-            cw = min(w, int(round(math.sqrt(scale * w * h * ratio))))
-            ch = min(h, int(round(math.sqrt(scale * w * h / ratio))))
-            x0, y0 = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
-            img = img.crop((x0, y0, x0 + cw, y0 + ch)).resize((self.pre.size, self.pre.size))
-            if rng.random() < 0.5:
-                img = img.transpose(0)  # FLIP_LEFT_RIGHT
+            img = self._augmented(img, rng) if self.augment else self.pre.crops(img, 1)[0]
+            if self.transform is not None:
+                img = self.transform(int(idx), img)
             out.append(self.pre.to_tensor(img))
         return torch.stack(out)
+
+    def _augmented(self, img, rng: np.random.Generator):
+        """A random resized crop of ``img`` at the preprocessing's size, flipped half of the time."""
+        w, h = img.size
+        scale, ratio = rng.uniform(0.5, 1.0), math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+        cw = min(w, int(round(math.sqrt(scale * w * h * ratio))))
+        ch = min(h, int(round(math.sqrt(scale * w * h / ratio))))
+        x0, y0 = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+        img = img.crop((x0, y0, x0 + cw, y0 + ch)).resize((self.pre.size, self.pre.size))
+        if rng.random() < 0.5:
+            img = img.transpose(0)  # FLIP_LEFT_RIGHT
+        return img

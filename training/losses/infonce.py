@@ -106,6 +106,11 @@ class Temperature(nn.Module):
             return self.log_inv_tau.clamp(0.0, math.log(MAX_LOGIT_SCALE)).exp().reciprocal()
         return self.tau_init
 
+    def share(self, log_inv_tau: nn.Parameter) -> None:
+        """Use, and train, a ``log(1/τ)`` held by the model instead of ``tau`` (a pretrained CLIP's
+        logit scale, fine-tuned end to end); the model's optimizer steps it."""
+        self.learnable, self.log_inv_tau = True, log_inv_tau
+
     def value(self) -> Tensor:
         """Current τ as a detached 0-d tensor, for logging."""
         return torch.as_tensor(self.forward()).detach().clone()

@@ -95,9 +95,10 @@ class TrainingObjective(nn.Module):
     """
 
     def __init__(self, loss: LossConfig, *, total_steps: int, vocab: Vocab | None = None,
-                 max_caption_len: int = 40) -> None:
+                 max_caption_len: int = 40, logit_scale: nn.Parameter | None = None) -> None:
         super().__init__()
         self.cfg, self.needs = loss, objective_needs(loss)
+        self.logit_scale = logit_scale  # the model's pretrained temperature (CLIP), used instead of loss.tau
         self.contrastive_name = first_contrastive(loss)
         self.contrastive = self._contrastive(self.contrastive_name)
         self.stale_epochs = 0  # epochs since validation last improved (the curriculum's clock)
@@ -112,7 +113,10 @@ class TrainingObjective(nn.Module):
         self.combiner = build_combiner(loss, total_steps)  # replay: reads and checks the logged λ schedule
 
     def _contrastive(self, name: str) -> nn.Module:
-        return build_contrastive_loss(name, tau=self.cfg.tau, margin=self.cfg.margin, epsilon=self.cfg.ifm_epsilon)
+        loss = build_contrastive_loss(name, tau=self.cfg.tau, margin=self.cfg.margin, epsilon=self.cfg.ifm_epsilon)
+        if self.logit_scale is not None and hasattr(loss, "temperature"):
+            loss.temperature.share(self.logit_scale)
+        return loss
 
     # -- one step ----------------------------------------------------------------------------
     def forward(self, img: Tensor, txt: Tensor, *, image_ids: Tensor | None = None,
@@ -174,6 +178,8 @@ class TrainingObjective(nn.Module):
         record of the λ applied (constraint, replay); nothing otherwise."""
         if "l_rec" in out:
             self.combiner.update(out["l_rec"])
+        if self.logit_scale is not None and hasattr(self.contrastive, "temperature"):
+            self.contrastive.temperature.project_()  # keep 1/τ ≤ 100, as CLIP's training does
 
     # -- epochs -------------------------------------------------------------------------------
     def end_epoch(self, improved: bool) -> bool:

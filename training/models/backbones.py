@@ -49,6 +49,16 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
+def state_digest(module: nn.Module) -> str:
+    """sha256 of a module's tensors (names, shapes, bytes): names weights that exist only in memory,
+    e.g. a fine-tuned tower, for the feature cache."""
+    h = hashlib.sha256()
+    for name, t in sorted(module.state_dict().items()):
+        h.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
+        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
 def cpu_features_in_bf16() -> bool:
     """Frozen CNN features on the CPU run under bf16 autocast: native bf16 here, and not pinned to fp32
     by ``LTD_FEATURE_DTYPE=float32``."""
@@ -67,6 +77,9 @@ class Backbone(nn.Module):
     name: str
     out_dim: int
     preprocess: Preprocess
+    rebuildable = True  # frozen weights come back from a package or file, so checkpoints may leave them out
+    cache_inference = True  # indexing may read the (float16) feature cache instead of decoding the files
+    train_augment = True  # end-to-end training crops and flips at random (AugmentedImageBatches)
 
     def extract(self, images: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
         raise NotImplementedError

@@ -6,7 +6,9 @@ network or the GloVe file (word vectors come from the saved state).
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from PIL import Image
@@ -16,11 +18,15 @@ from training.config import Config, ModelConfig
 from training.data.vocab import Vocab
 from training.errors import UserError
 from training.losses.objective import objective_needs
+from training.models.clip_files import uses_clip
 from training.models.backbones import Backbone, build_backbone
 from training.models.decoders import InputTokenDecoder, LatentTargetDecoder
 from training.models.heads import FNEDiscretize, ProjectionHead
 from training.models.reasoning import region_image_head, shared_layers, tern_text_encoder
 from training.models.text_encoder import GRUTextEncoder, SBERTTextEncoder, move_batch
+
+if TYPE_CHECKING:
+    from training.models.clip import ClipSource
 
 
 class NoImageBackbone(UserError, RuntimeError):
@@ -68,10 +74,14 @@ class ImageEncoder(nn.Module):
 
 
 class DualEncoder(nn.Module):
+    """``logit_scale``: a pretrained temperature the model carries (CLIP's ``log(1/τ)``) that the
+    contrastive loss uses and fine-tunes instead of ``loss.tau``; None for the others."""
+
     def __init__(self, image: ImageEncoder, text: nn.Module, decoder: nn.Module | None = None,
-                 similarity: str = "cosine"):
+                 similarity: str = "cosine", logit_scale: nn.Parameter | None = None):
         super().__init__()
         self.image, self.text, self.decoder, self.similarity = image, text, decoder, similarity
+        self.logit_scale = logit_scale
 
     @property
     def device(self) -> torch.device:
@@ -83,7 +93,8 @@ class DualEncoder(nn.Module):
     def frozen_prefixes(self, backbone_trained: bool) -> list[str]:
         """State-dict prefixes of frozen pretrained parts that are rebuilt from their package or
         folder rather than saved in checkpoints."""
-        out = [] if backbone_trained or self.image.backbone is None else ["image.backbone."]
+        bb = self.image.backbone
+        out = [] if backbone_trained or bb is None or not bb.rebuildable else ["image.backbone."]
         return out + [f"text.{p}" for p in getattr(self.text, "frozen_prefixes", lambda: [])()]
 
     def encode_text(self, batch: dict) -> torch.Tensor:
@@ -127,11 +138,24 @@ class StepEncoders(nn.Module):
 
 
 def build_model(cfg: Config, vocab: Vocab, *, feat_dim: int | None = None, region_dim: int = 0, target_dim: int = 0,
-                word_embeddings: torch.Tensor | None = None, backbone: Backbone | None = None) -> DualEncoder:
+                word_embeddings: torch.Tensor | None = None, backbone: Backbone | None = None,
+                clip: ClipSource | None = None) -> DualEncoder:
     """Build from config sections. ``backbone`` may be passed to share an already-loaded one;
     ``feat_dim`` is required for precomputed features, ``region_dim`` (channels per region) for
-    precomputed regions when ``model.region_dim`` is 0."""
+    precomputed regions when ``model.region_dim`` is 0. ``clip``: the CLIP of ``model.clip_path``
+    (already read, or a checkpoint's copy); read from the folder when None and a tower needs it."""
     m = cfg.model
+    clip_head = None
+    if uses_clip(m):
+        from training.models.clip import ClipSource, NormalizedIdentity
+
+        clip = clip or ClipSource.from_dir(m.clip_path)
+        cfg = copy.deepcopy(cfg)  # the joint space is CLIP's: other towers and the decoder project into it
+        cfg.model.embed_dim = clip.embed_dim
+        m = cfg.model
+        if m.backbone == "clip":  # CLIP's own projection is the image side's head
+            backbone = backbone if backbone is not None else clip.image_backbone()
+            clip_head = NormalizedIdentity()
     if backbone is None and m.backbone != "precomputed":
         backbone = build_backbone(m.backbone, features=m.image_features, image_size=m.image_size,
                                   weights=m.backbone_weights, resize=m.resize)
@@ -142,8 +166,10 @@ def build_model(cfg: Config, vocab: Vocab, *, feat_dim: int | None = None, regio
     if feat_dim is None:
         raise ValueError("feat_dim is required when the backbone is precomputed")
     shared = shared_layers(m)  # TERN: one module that both encoders apply
-    image = ImageEncoder(backbone, feat_dim, m, head=region_image_head(m, feat_dim, backbone, shared, region_dim))
-    text = build_text_encoder(cfg, vocab, word_embeddings, shared)
+    head = clip_head if clip_head is not None else region_image_head(m, feat_dim, backbone, shared, region_dim)
+    image = ImageEncoder(backbone, feat_dim, m, head=head)
+    text = clip.text_encoder(m.sbert_train_layers) if m.text_encoder == "clip" else \
+        build_text_encoder(cfg, vocab, word_embeddings, shared)
     needs = objective_needs(cfg.loss)  # which decoder and similarity the training objective asks for
     decoder: nn.Module | None = None
     if needs.decoder == "ltd":
@@ -152,7 +178,8 @@ def build_model(cfg: Config, vocab: Vocab, *, feat_dim: int | None = None, regio
         decoder = LatentTargetDecoder(m.embed_dim, target_dim, m.decoder_hidden, m.decoder_layers)
     elif needs.decoder == "itd":
         decoder = InputTokenDecoder(m.embed_dim, len(vocab), m.decoder_hidden)
-    return DualEncoder(image, text, decoder, similarity=needs.similarity)
+    both_clip = m.backbone == "clip" and m.text_encoder == "clip"
+    return DualEncoder(image, text, decoder, similarity=needs.similarity, logit_scale=clip.logit_scale if both_clip else None)
 
 
 def build_text_encoder(cfg: Config, vocab: Vocab, word_embeddings: torch.Tensor | None,
