@@ -148,6 +148,10 @@ class Run:
     rank: distributed.Rank = field(default_factory=distributed.Rank)  # this process's place (rank 0 of 1 alone)
     encoders: torch.nn.Module | None = None  # the step's forward (:class:`StepEncoders`), under DDP in a group
 
+    def __post_init__(self) -> None:
+        if self.encoders is None:  # a Run built by hand (benches, tests) steps without a process group
+            self.encoders = StepEncoders(self.model)
+
 
 def open_run_dir(run_dir: Path, resume: bool) -> dict | None:
     """The checkpoint to resume from (None: a new run); refuses to overwrite a run without ``resume``."""
