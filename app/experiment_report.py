@@ -20,8 +20,10 @@ REPORT_KEYS = [*metrics.REPORT_KEYS, metrics.ndcg_key("t2i"), metrics.ndcg_key("
 
 
 def reported_tags(results: dict) -> list[str]:
-    """The evaluations a grid reports: every split and shortcut setting except the val split."""
-    return sorted({t for s in results["summary"].values() for t in s if t.split("_sc-")[0] != results["val_split"]})
+    """The evaluations a grid reports: every split and shortcut setting except the val split (which chose
+    the sweeps' values), unless the grid reports on val itself (``eval_split: val``, a grid that chooses nothing)."""
+    val = results["val_split"] if results.get("eval_split") != results["val_split"] else None
+    return sorted({t for s in results["summary"].values() for t in s if t.split("_sc-")[0] != val})
 
 
 def write_results(results: dict, out: Path, plots: bool = True) -> None:

@@ -273,6 +273,15 @@ def test_grid_overrides_substitute_seed_next_seed_and_out(tmp_path):
     assert substitute(sets, 0, [0, 1, 2], tmp_path)[0].endswith("seed1")
 
 
+def test_reported_evaluations_leave_out_val_unless_the_grid_reports_on_it():
+    from app.experiment_report import reported_tags
+
+    summary = {"a": {"val": {}, "test": {}, "test_sc-unique": {}}}
+    assert reported_tags({"summary": summary, "val_split": "val", "eval_split": "test"}) == ["test", "test_sc-unique"]
+    # a grid that chooses nothing may report val itself (grids/data_parallel.yaml: test stays unused)
+    assert reported_tags({"summary": {"a": {"val": {}}}, "val_split": "val", "eval_split": "val"}) == ["val"]
+
+
 def test_the_clean_preset_is_the_grids_headline_cell(monkeypatch, tmp_path):
     """configs/flickr8k_clean.yaml must be exactly the recipe whose 3 seeds RESULTS.md reports."""
     from app.grid import load_grid
