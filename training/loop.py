@@ -192,8 +192,7 @@ def set_up(cfg: Config, data: TrainingData, device: torch.device, run_dir: Path,
     return Run(cfg=cfg, data=data, run_dir=run_dir, device=device, model=model, objective=objective,
                optimizer=optimizer, scheduler=scheduler,  # loss scaling for fp16 only (bf16 has fp32's range)
                scaler=torch.amp.GradScaler("cuda", enabled=dtype == torch.float16 and device.type == "cuda"),
-               autocast_dtype=dtype, backbone_params=backbone_params, train_img=train_img, rank=rank,
-               encoders=StepEncoders(model))
+               autocast_dtype=dtype, backbone_params=backbone_params, train_img=train_img, rank=rank)
 
 
 def autocast_dtype(device_type: str, tc) -> torch.dtype | None:
