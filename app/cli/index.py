@@ -85,6 +85,8 @@ def check_index_args(args: argparse.Namespace) -> str:
         raise UserValueError("nothing to index: give --dataset (and --split) or --images-dir/--captions-file")
     from training.models.clip_files import is_clip_folder
 
+    if not Path(args.checkpoint).exists():
+        raise UserFileNotFound(f"--checkpoint: file not found: {args.checkpoint}")
     if not (Path(args.checkpoint).is_file() or is_clip_folder(args.checkpoint)):
         raise UserFileNotFound(f"--checkpoint: not a checkpoint file nor a CLIP folder (config.json with model_type "
                                f"'clip'): {args.checkpoint}")
