@@ -1,8 +1,8 @@
 """`ltd experiment`: a grid of train → index → eval runs with seeds, sweeps chosen on validation,
 shortcut evaluations, and mean ± std tables.
 
-The grid file is described in ``app/grid.py``. A sweep first trains every value with ``sweep_seeds`` and evaluates on val; the best value is then
-trained with all ``seeds`` and reported on ``eval_split``. The test split is never used to choose.
+The grid file is described in ``app/grid.py``. A sweep first trains every value with ``sweep_seeds`` and evaluates on
+val; the best value is then trained with all ``seeds`` and reported on ``eval_split``. The test split is never used to choose.
 Every step is skipped when its result exists, so an interrupted grid resumes where it stopped.
 """
 from __future__ import annotations

@@ -148,11 +148,9 @@ def run(args) -> dict:
     torch.set_num_threads(args.threads)
     from training.config import load_config
     from training.data.karpathy import load_karpathy
-    from training.models.backbones import build_backbone
-    from training.prepare import image_features
-
-    from training.models.backbones import cpu_bf16_fast
+    from training.models.backbones import build_backbone, cpu_bf16_fast
     from training.models.runtimes import resolve_runtime
+    from training.prepare import image_features
 
     bf16 = cpu_bf16_fast()
     res = {"machine": machine_line(), "date": today(), "threads": args.threads, "load1_start": load1(),

@@ -9,7 +9,8 @@
    start and at the end of the run (the higher one is used: the ratio is then conservative);
 3. per runtime: the CNN alone (batch 32, best of 3) and end to end from the JPEG files through the
    feature cache (decoding in the default pool of worker processes, overlapped with inference), plus
-   draft-mode decoding and one decoding worker (the default before 2026-11-25) for the fastest runtime; cosine of every runtime's features to torch's;
+   draft-mode decoding and one decoding worker (the default before 2026-11-25) for the fastest runtime;
+   cosine of every runtime's features to torch's;
 4. caption encoding (bi-GRU at the presets' sizes), to say whether it can keep up with the images.
 With ``--device cuda`` (a GPU machine) the torch runtime is measured on the GPU (fp16 autocast) and
 written to its own section. On a CPU with native bf16 every runtime row is pinned to fp32
@@ -132,8 +133,8 @@ def captions_per_s(hidden: int, n: int = 5000) -> float:
 def measure(args, paths: list[Path]) -> dict:
     import os
 
-    from training.models.backbones import cpu_bf16_fast
     from training.data.decode_pool import default_workers
+    from training.models.backbones import cpu_bf16_fast
     from training.models.runtimes import installed
 
     dev = args.device
@@ -201,7 +202,8 @@ def render(res: dict) -> str:
     sec = section(res)
     bf16 = ("the GPU's own precision; the CPU only decodes" if res["device"] != "cpu" else
             "this CPU has native bf16: the runtime rows are pinned to fp32 with `LTD_FEATURE_DTYPE=float32`; "
-            "`auto` runs OpenVINO's bf16 kernels here (their own cache entry; torch's bf16 autocast is the fallback), the bf16 rows" if res["bf16_native"]
+            "`auto` runs OpenVINO's bf16 kernels here (their own cache entry; torch's bf16 autocast is the fallback), the bf16 rows"
+            if res["bf16_native"]
             else "this CPU has no native bf16 (no AVX-512 BF16 / AMX), so only fp32 could be measured here")
     lines = [sec, "", f"Machine: {res['machine']}. Date: {res['date']}. Command: `{res['command']}`.", "",
              f"{res['images']} COCO-sized JPEGs (640×480, quality 90), EfficientNet-Lite0 pooled features at 224 px, "

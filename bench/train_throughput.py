@@ -34,6 +34,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench._common import replace_section  # noqa: E402
+
 SECTION = "## Training throughput (bench/train_throughput.py)"
 
 

@@ -14,18 +14,34 @@ import torch
 from indexer.ann import build_vector_index
 from indexer.corpus import IMAGE_EXTS, check_corpus_inputs, image_files, read_captions_file
 from indexer.embed import embed_captions, embed_image_features, embed_image_files
-from indexer.index import (ZERO_SHOT, IndexDir, IndexDirError, Modality, append_to_index_dir, check_target,
-                           inside_roots, open_for_append, relative_to_index, save_index_dir)
-from training.checkpoint import (CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint, versions,
-                                 zero_shot_checkpoint)
-from training.errors import UserValueError
-from training.fsio import sha256_file
-from training.losses.objective import describe_loss
+from indexer.index import (
+    ZERO_SHOT,
+    IndexDir,
+    IndexDirError,
+    Modality,
+    append_to_index_dir,
+    check_target,
+    inside_roots,
+    open_for_append,
+    relative_to_index,
+    save_index_dir,
+)
+from training.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    model_from_checkpoint,
+    save_checkpoint,
+    versions,
+    zero_shot_checkpoint,
+)
 from training.data.karpathy import Split, image_folders, load_karpathy
 from training.data.shortcuts import apply_shortcuts
+from training.errors import UserValueError
 from training.features import extract_features, lookup_features
-from training.regions import read_precomputed
+from training.fsio import sha256_file
+from training.losses.objective import describe_loss
 from training.models.dual_encoder import DualEncoder
+from training.regions import read_precomputed
 
 log = logging.getLogger(__name__)
 

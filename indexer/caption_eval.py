@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from indexer.caption_metrics import (SPICE_UNSUPPORTED, coco_scores, novel_share, self_retrieval, unique_share)
+from indexer.caption_metrics import SPICE_UNSUPPORTED, coco_scores, novel_share, self_retrieval, unique_share
 from training.captioning.checkpoint import captioner_from_checkpoint, load_caption_checkpoint
 from training.captioning.data import grid_store, regions
 from training.captioning.inference import caption_rows

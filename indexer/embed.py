@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from training.progress import progress, progress_iter
 
 from training.data.decode_pool import ImageTransform, RenumberedTransform, decoded_batches
 from training.losses import similarity_fn
 from training.models.dual_encoder import DualEncoder, NoImageBackbone
 from training.models.text_encoder import move_batch
+from training.progress import progress, progress_iter
 
 log = logging.getLogger(__name__)
 

@@ -260,7 +260,7 @@ def _verify_files(path: Path, manifest: dict, hashes: bool) -> None:
     missing = [f"{m}.{k}" for m in MODALITIES for k in KINDS if f"{m}.{k}" not in files]
     if missing:
         raise IndexDirError(f"{path}: the manifest does not list {', '.join(missing)}; rebuild the index")
-    for logical, entry in files.items():
+    for entry in files.values():
         p = path / str(entry.get("file", ""))
         if p.parent != path or not _DATA_RE.match(p.name):
             raise IndexDirError(f"{path}: the manifest names an unexpected file {entry.get('file')!r}")

@@ -9,6 +9,7 @@ import numpy as np
 
 from indexer.metrics import RECALL_KS, _check_inputs, _gains
 
+
 def reference_query_metrics(
     scores: np.ndarray,
     positives: Sequence[np.ndarray],

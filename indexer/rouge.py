@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+
 from training.progress import progress
 
 log = logging.getLogger(__name__)

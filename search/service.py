@@ -13,10 +13,10 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
+from indexer.vector_index import IndexDirError
 from search import analysis
 from search.captioning import CaptionerRegistry, CorpusCider, image_rank
 from search.encoding import QueryEncoder, clean_query
-from indexer.vector_index import IndexDirError
 from search.errors import BadRequest, NotFound
 from search.media import Thumbnails, UploadDecoder
 from search.ranking import CompareResult, Query, SearchResult, compare_results, rank

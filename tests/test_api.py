@@ -19,8 +19,8 @@ from PIL import Image
 
 from app.api.main import create_app
 from app.api.routers.deps import get_service
-from search import SearchService
 from app.api.settings import Settings
+from search import SearchService
 
 MB = 1024 * 1024
 

@@ -3,7 +3,6 @@ scales each part by what it is proportional to."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import write_karpathy
 
 

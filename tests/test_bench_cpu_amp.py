@@ -1,6 +1,7 @@
 """bench/cpu_amp_steps.py: fp32 and bf16 steps on the same batches, and the table it writes."""
-from bench.cpu_amp_steps import SECTION, bench_preset, render
 from conftest import TINY
+
+from bench.cpu_amp_steps import SECTION, bench_preset, render
 
 
 def test_bench_times_both_precisions_on_the_same_steps_and_renders():

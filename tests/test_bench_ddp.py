@@ -2,9 +2,9 @@
 import json
 
 import pytest
+from conftest import TINY
 
 from bench import ddp_steps
-from conftest import TINY
 
 
 @pytest.mark.slow

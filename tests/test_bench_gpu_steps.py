@@ -5,9 +5,9 @@ CPU in the GPU's place, where every column must then give the very same losses."
 import json
 
 import pytest
+from conftest import TINY
 
 from bench import gpu_steps
-from conftest import TINY
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from conftest import tiny_config
 
 TINY_CAP = ["data.synthetic_images=60", "data.image_size=64", "data.min_word_count=2", "model.word_dim=32",

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from indexer.caption_metrics import (CaptionMetricsError, coco_scores, novel_share, self_retrieval, unique_share)
+from indexer.caption_metrics import CaptionMetricsError, coco_scores, novel_share, self_retrieval, unique_share
 from indexer.ptb_tokenize import PUNCTUATIONS, coco_tokenize
 from training.captioning.cider import CiderD
 

@@ -10,7 +10,6 @@ import shutil
 import numpy as np
 import pytest
 import torch
-
 from tiny_clip import make_tiny_clip
 
 TINY_RUN = ["data.path=synthetic", "data.synthetic_images=60", "train.batch_size=120", "train.epochs=1",

@@ -8,9 +8,8 @@ import os
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
-
 from conftest import tiny_config
+from fastapi.testclient import TestClient
 from test_coco import stand_in_test_ids, write_coco
 
 
@@ -46,7 +45,7 @@ def test_index_holds_the_test_split_from_both_folders(coco_index):
 def _stand_in_maps(pkg, test_imgs, cocoids_by_ann):
     """CxC / ECCV id maps over the hand-made test split: image 0 also matches the captions of image 1
     (CxC and ECCV); ECCV re-annotates only images 0 and 2 and captions of image 0."""
-    (i0, a0), (i1, a1), (i2, a2) = test_imgs[0], test_imgs[1], test_imgs[2]
+    (i0, a0), (_, a1), (i2, a2) = test_imgs[0], test_imgs[1], test_imgs[2]
     cxc_i2t = {str(i): anns[:5] for i, anns in test_imgs}
     cxc_i2t[str(i0)] = a0[:5] + a1[:2]
     cxc_t2i = {str(a): [cocoids_by_ann[a]] for _, anns in test_imgs for a in anns[:5]}
@@ -140,8 +139,9 @@ def test_demo_recognises_a_coco_json(tmp_path):
 @pytest.mark.slow
 def test_demo_on_a_converted_coco_json(coco_index, tmp_path, capsys):
     """`ltd demo --dataset coco.json` trains the COCO presets, indexes the 5k-style test split, compares."""
-    from app.cli import main
     from conftest import TINY
+
+    from app.cli import main
 
     root = coco_index[0]
     sets = [a for s in TINY + ["train.epochs=1"] for a in ("--set", s)]

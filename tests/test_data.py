@@ -6,9 +6,9 @@ import json
 
 import numpy as np
 import pytest
+from conftest import flickr8k_json, requires_flickr8k, write_karpathy
 from PIL import Image
 
-from conftest import flickr8k_json, requires_flickr8k, write_karpathy
 from training.data.coco import CocoPair, convert_coco
 from training.data.convert import convert_flickr
 from training.data.images import ImageError, Preprocess, load_image

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-
 from conftest import tiny_config
 from ranks import run_ranks
+
 from training.data.global_batches import Shard, epoch_batches
 
 CONTRASTIVE = ["infonce", "triplet", "sh", "ifm", "order"]
@@ -323,10 +323,10 @@ def test_grids_schedule_runs_on_several_processes(tmp_path, monkeypatch):
     """A grid's ``nproc`` (overridden by ``ltd experiment --nproc``, a cell's own winning) reaches each
     run's job; 0 processes is refused when the grid is read."""
     import yaml
+    from conftest import TINY
 
     from app import experiment
     from app.grid import load_grid
-    from conftest import TINY
     from training.config import ConfigError
 
     p = tmp_path / "g.yaml"

@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from conftest import tiny_config
 from ranks import run_ranks
 

@@ -5,7 +5,6 @@ import json
 
 import pytest
 import torch
-
 from conftest import tiny_config
 
 
@@ -65,9 +64,9 @@ def test_a_new_decoder_keeps_its_initialisation(pretrained, tmp_path):
 def test_a_grid_can_sweep_fine_tuning_of_its_own_pretrained_cell(tmp_path):
     """A ``first`` cell trains before the sweeps, so that sweeps may start from it (``{out}``, ``{seed}``)."""
     import yaml
+    from conftest import TINY
 
     from app.cli import main
-    from conftest import TINY
 
     init = "train.init_from={out}/runs/pretrained/seed{seed}/best.pt"
     grid = {"name": "ft", "base": "synthetic_baseline", "set": TINY + ["train.epochs=1"], "seeds": [0],

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from training.losses import (
     CONTRASTIVE_LOSSES,
     IFMLoss,
-    ITDReconstructionLoss,
     InfoNCELoss,
+    ITDReconstructionLoss,
     LossCombiner,
     LTDReconstructionLoss,
     MaxHingeLoss,

@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
 from conftest import TINY
 
 
@@ -95,8 +94,9 @@ def test_demo_captioning_trains_judges_and_captioners_and_reuses(tmp_path, capsy
     """`ltd demo --shortcuts --captioning`: clean judges (the demo's shortcut models cannot judge), XE, SR-FL
     under each judge started from XE, every captioner evaluated under both judges; a re-run retrains
     nothing. (Without --shortcuts the judges are the demo's own two models: no judge runs.)"""
-    from app.cli import main
     from test_caption_cli import TINY_CAP
+
+    from app.cli import main
 
     monkeypatch.delenv("LTD_DATA_DIR", raising=False)
     args = _demo_args(tmp_path, "--shortcuts", "--captioning")
@@ -253,7 +253,7 @@ def test_t_interval_matches_scipy_and_the_verdict_needs_both_intervals():
         assert (got["lo"], got["hi"]) == pytest.approx((lo, hi)) and got["n"] == n
         # the fewest seeds whose interval would exclude 0 at this mean and sd
         need = got["seeds_needed"]
-        half = lambda m: stats.t.ppf(0.975, m - 1) * x.std(ddof=1) / np.sqrt(m)  # noqa: E731
+        half = lambda m, x=x: stats.t.ppf(0.975, m - 1) * x.std(ddof=1) / np.sqrt(m)  # noqa: E731
         assert need > 50 or (half(need) < abs(x.mean()) and (need == 2 or half(need - 1) >= abs(x.mean())))
     ahead = t_interval([5.0, 6.0, 7.0])
     assert verdict(ahead, None) == "ahead"

@@ -7,7 +7,6 @@ import io
 import numpy as np
 import pytest
 import torch
-
 from conftest import tiny_config
 from test_reasoning import TERN, VSRN
 

@@ -163,6 +163,6 @@ def test_fast_runtimes_serve_concurrent_callers(images):
         bb.set_runtime(name)
         want = [bb.extract(images[i : i + 1]) for i in range(3)]
         with ThreadPoolExecutor(6) as pool:
-            got = list(pool.map(lambda i: bb.extract(images[i % 3 : i % 3 + 1]), range(12)))
+            got = list(pool.map(lambda i, bb=bb: bb.extract(images[i % 3 : i % 3 + 1]), range(12)))
         for i, g in enumerate(got):
             torch.testing.assert_close(g, want[i % 3], atol=1e-5, rtol=1e-5)

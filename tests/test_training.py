@@ -1,16 +1,15 @@
 """Training: config validation, end-to-end runs through `ltd train`, resume determinism, checkpoints."""
 from __future__ import annotations
 
-import re
-
 import json
+import re
 
 import numpy as np
 import pytest
 import torch
 import yaml
-
 from conftest import TINY, tiny_config
+
 from training.config import ConfigError, load_config
 
 
@@ -49,8 +48,9 @@ def test_config_yaml_roundtrip_and_presets(tmp_path):
 
 
 def test_missing_val_split_fails_at_start(tmp_path):
-    from app.pipeline import train_run
     from conftest import write_karpathy
+
+    from app.pipeline import train_run
 
     p = write_karpathy(tmp_path, 6, splits=["train"] * 6)
     cfg = tiny_config(extra=[f"data.path={p}"])
@@ -174,9 +174,9 @@ def test_constraint_and_dual_wiring_in_model(tmp_path, mode):
     momentum, projection), one step behind, and the trace file holds what was applied."""
     import torch.nn.functional as F
 
+    from training.loop import train
     from training.losses import infonce_loss
     from training.losses.lambda_trace import read_lambda_trace
-    from training.loop import train
     from training.prepare import prepare
 
     beta, eta, lam0, lam_lr = 3.0, 0.5, 2.0, 0.05

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import re
-
-import matplotlib
 from pathlib import Path
 
+import matplotlib
 import pytest
 
 from app.api.routers.deps import thumbnail_url

@@ -143,7 +143,7 @@ def run_all(out: Path) -> None:
         t = time.time()
         run = root / name
 
-        def go(resume=False):
+        def go(resume=False, cfg=cfg, run=run, opts=opts):
             if "validate" in opts:
                 return train(cfg, run, validate=opts["validate"], resume=resume, show_progress=False)
             return train_run(cfg, run, resume=resume, show_progress=False)

@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from training.config import Config, config_from_dict
+from training.data.vocab import Vocab
 from training.errors import UserError, UserFileNotFound
 from training.fsio import atomic_path, remove_stale_temps, sha256_file  # noqa: F401 (sha256_file re-exported)
-from training.data.vocab import Vocab
 from training.models.dual_encoder import DualEncoder, build_model
 
 if TYPE_CHECKING:
@@ -114,7 +114,8 @@ def training_checkpoint(cfg: Config, data: TrainingData, weights: DualEncoder, a
             "rng": rng_state(), "best": at.best, "stale_epochs": objective_state["stale_epochs"],
             "contrastive": objective_state["contrastive"],
             "target_dim": int(data.targets.shape[1]) if data.targets is not None else 0,
-            "feat_dim": data.feat_dim, "region_dim": data.region_dim, "word_dim": int(embed.weight.shape[1]) if embed is not None else m.word_dim,
+            "feat_dim": data.feat_dim, "region_dim": data.region_dim,
+            "word_dim": int(embed.weight.shape[1]) if embed is not None else m.word_dim,
             "backbone_in_state": trained, "backbone_trained": trained, "feature_key": data.feature_key,
             "dataset": {"name": data.dataset.name, "json": str(data.dataset.json_path)},
             "clip": data.clip.spec if data.clip is not None else None}

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from training.errors import Unavailable, UserFileNotFound, UserValueError
-from training.progress import progress
 
-from training.env import default_cache_dir
-from training.fsio import exclusive, write_json_atomic
 from training.data.decode_pool import ImageTransform, decode_key, decoded_batches
+from training.env import default_cache_dir
+from training.errors import Unavailable, UserFileNotFound, UserValueError
+from training.fsio import exclusive, write_json_atomic
 from training.models.backbones import Backbone
+from training.progress import progress
 
 log = logging.getLogger(__name__)
 

@@ -73,7 +73,7 @@ def figure_from_rows(series: list[tuple[str, float | None, list[dict]]], smooth:
         steps, vals = split_rows(rows)
         c = colours[i % len(colours)]
 
-        def series_of(key):
+        def series_of(key, steps=steps):
             pts = [(r["step"], r[key]) for r in steps if key in r]
             if not pts:
                 return [], []

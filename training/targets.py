@@ -20,8 +20,8 @@ import torch
 from training.env import default_cache_dir
 from training.errors import UserFileNotFound, UserValueError
 from training.fsio import exclusive, save_npy_atomic
-from training.progress import bars
 from training.models.backbones import cpu_bf16_fast
+from training.progress import bars
 
 log = logging.getLogger(__name__)
 

@@ -114,8 +114,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     t0 = time.time()
     progress = not args.no_progress
     if not args.no_serve:  # refuse an accidental exposure now, not after the training
-        from app.cli.serve import bind_policy
         from app.api.settings import load_settings
+        from app.cli.serve import bind_policy
 
         token = load_settings().api_token
         hosts = bind_policy(args.host, args.expose, args.allowed_host, token.get_secret_value() if token else None)

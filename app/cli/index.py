@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import json
+import logging
 from pathlib import Path
 
 from training.errors import UserFileNotFound, UserValueError
@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                         "Ray run resumes from its finished shards")
     p.add_argument("--address", help="--engine ray: an existing cluster (HOST:PORT or 'auto'); default: start a local one")
     p.add_argument("--workers", type=int, default=1, help="--engine ray: actors, one model each (default 1)")
-    p.add_argument("--shard-size", type=int, default=1024, help="--engine ray: images per shard (default 1024; caption shards hold 16× as many)")
+    p.add_argument("--shard-size", type=int, default=1024,
+                   help="--engine ray: images per shard (default 1024; caption shards hold 16× as many)")
     p.add_argument("--shards", help="--engine ray: folder for the embedding shards (default OUT.shards)")
     p.add_argument("--append", action="store_true", help="corpus: add the items to an existing index directory")
     p.add_argument("--overwrite", action="store_true", help="replace an existing index directory")

@@ -9,7 +9,6 @@ import io
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import numpy as np

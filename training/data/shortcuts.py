@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import gzip
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from PIL import Image

@@ -26,12 +26,12 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from training.errors import UserValueError
-from training.progress import progress
 
 from training.data.synthetic_render import render_scene
 from training.data.synthetic_scenes import _TOKEN_RE, captions_for, scene_spec
+from training.errors import UserValueError
 from training.fsio import atomic_write_text, exclusive
+from training.progress import progress
 
 log = logging.getLogger(__name__)
 

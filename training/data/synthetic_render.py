@@ -7,6 +7,7 @@ from PIL import Image, ImageDraw
 
 from training.data.synthetic_scenes import SHAPES, _pick
 
+
 # ---------------------------------------------------------------------------------------------
 # Rendering: numpy textures + PIL polygons at 2x, box-downsampled (anti-aliased edges).
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ so an order-trained model needs brute-force scoring with that function.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch.nn as nn
 from torch import Tensor

@@ -27,8 +27,14 @@ from training import choices
 from training.data.images import Preprocess
 from training.env import environment
 from training.errors import UserError
-from training.models.runtimes import (ImageRuntime, RuntimeUnavailable, Tap, feature_dtype, requested_runtime,
-                                      resolve_runtime)
+from training.models.runtimes import (
+    ImageRuntime,
+    RuntimeUnavailable,
+    Tap,
+    feature_dtype,
+    requested_runtime,
+    resolve_runtime,
+)
 
 log = logging.getLogger(__name__)
 

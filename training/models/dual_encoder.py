@@ -18,8 +18,8 @@ from training.config import Config, ModelConfig
 from training.data.vocab import Vocab
 from training.errors import UserError
 from training.losses.objective import objective_needs
-from training.models.clip_files import uses_clip
 from training.models.backbones import Backbone, build_backbone
+from training.models.clip_files import uses_clip
 from training.models.decoders import InputTokenDecoder, LatentTargetDecoder
 from training.models.heads import FNEDiscretize, ProjectionHead
 from training.models.reasoning import region_image_head, shared_layers, tern_text_encoder

@@ -11,8 +11,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.routers.bodies import body_doc, json_body, media_type, unsupported, upload_form, validate
 from app.api.routers.deps import COMMON_ERRORS, errors, get_service, get_settings, json_model
-from app.api.schemas import (Beam, CaptionCheckRequest, CaptionCheckResponse, CaptionerName, CaptionRequest,
-                             CaptionResponse, QueryText)
+from app.api.schemas import (
+    Beam,
+    CaptionCheckRequest,
+    CaptionCheckResponse,
+    CaptionerName,
+    CaptionRequest,
+    CaptionResponse,
+    QueryText,
+)
 from app.api.settings import Settings
 from search import SearchService
 
