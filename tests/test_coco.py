@@ -160,8 +160,8 @@ def test_karpathy_test_split_from_an_id_list(tmp_path, capsys):
 
 def test_coco_root_defaults_to_the_standard_split_with_the_package_ids(tmp_path, capsys, monkeypatch):
     """--coco-root alone uses --karpathy-test with the ids eccv-caption ships (here a stand-in package dir)."""
-    from app.cli import main
     import training.data.coco as coco
+    from app.cli import main
 
     made = write_coco(tmp_path / "coco", "2014", {"train": 5, "val": 4})
     pkg = tmp_path / "eccv_data"
@@ -271,8 +271,8 @@ def test_reader_refuses_paths_outside_the_root(tmp_path, filepath, filename):
         load_karpathy(p, check_files=False)
 
 
-def test_readme_coco_commands(tmp_path, capsys, monkeypatch):
-    """The README's "COCO from the official files": the download line only fetches (not run here: no
+def test_datasets_guide_coco_commands(tmp_path, capsys, monkeypatch):
+    """The datasets guide's "COCO from the official files": the download line only fetches (not run here: no
     network in tests), the convert line works on an unpacked download, the demo line parses."""
     import shlex
 
@@ -280,8 +280,8 @@ def test_readme_coco_commands(tmp_path, capsys, monkeypatch):
     from app.cli import main
     from app.cli.parser import build_parser
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = readme.split("### COCO from the official files\n", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "datasets.md").read_text()
+    block = guide.split("## COCO from the official files\n", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     cmds = [shlex.split(ln.split("  #")[0]) for ln in block.splitlines() if ln.startswith("ltd ")]
     assert [c[:3] for c in cmds] == [["ltd", "data", "convert-coco"], ["ltd", "demo", "--dataset"]]
     assert "images.cocodataset.org" in block

@@ -1,4 +1,4 @@
-"""A newcomer's first hour, as the user meets it: the README's "Search your own photos" commands run
+"""A newcomer's first hour, as the user meets it: the "Search your own photos" guide's commands run
 end to end, and the CLI's answers to mistakes (exit code and first line, and how fast they come)."""
 from __future__ import annotations
 
@@ -16,13 +16,12 @@ from PIL import Image
 from bench import _server as live
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+PHOTOS_GUIDE = ROOT / "docs" / "guides" / "photos.md"
 
 
-def readme_block(heading: str) -> list[str]:
-    """The lines of the first ```bash block under ``heading`` in the README."""
-    text = README.read_text()
-    section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+def guide_block(path: Path) -> list[str]:
+    """The lines of the first ```bash block of a usage guide (before its first ``##`` section)."""
+    section = path.read_text().split("\n## ", 1)[0]
     block = section.split("```bash\n", 1)[1].split("```", 1)[0]
     return [ln for ln in block.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
 
@@ -41,8 +40,8 @@ def _photos(folder: Path, n: int, seed: int) -> None:
 
 
 @pytest.mark.slow
-def test_readme_search_your_own_photos_runs_end_to_end(tiny_index_pair, tmp_path):
-    lines = readme_block("Search your own photos")
+def test_guide_search_your_own_photos_runs_end_to_end(tiny_index_pair, tmp_path):
+    lines = guide_block(PHOTOS_GUIDE)
     trip, more = tmp_path / "trip", tmp_path / "more"
     _photos(trip, 4, 1)
     _photos(more, 2, 2)
