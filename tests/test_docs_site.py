@@ -42,6 +42,24 @@ def test_relative_links_resolve_on_github():
             assert path.exists(), f"{page.relative_to(ROOT)}: the link {target} names nothing"
 
 
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    titles = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", page.read_text(), flags=re.S), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", t.strip().lower()).replace(" ", "-") for t in titles}
+
+
+def test_anchors_resolve_on_github():
+    """A link to a section (``#anchor``, ``OTHER.md#anchor``) names a heading that exists."""
+    for page in _pages():
+        for target in _LINK.findall(page.read_text()):
+            if "#" not in target or re.match(r"^[a-z][a-z0-9+.-]*:", target):
+                continue
+            path, anchor = target.split("#", 1)
+            doc = (page.parent / path).resolve() if path else page
+            if doc.suffix == ".md":
+                assert anchor in _anchors(doc), f"{page.relative_to(ROOT)}: {target} names no heading"
+
+
 def test_readme_stays_short():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
 
