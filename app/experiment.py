@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import platform
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -215,8 +216,6 @@ def run_grid(grid: Grid, out: Path, n_jobs: int = 1, render_only: bool = False, 
 
 
 def machine_description() -> dict:
-    import platform
-
     import torch
     cpu = "?"
     try:

@@ -5,7 +5,9 @@ middle resumes from its last checkpoint.
 """
 from __future__ import annotations
 
+import json
 import logging
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -81,8 +83,6 @@ def ensure_trained(cfg: Config, run_dir: Path, *, show_progress: bool = True, np
 def launch_train_run(cfg: Config, out: Path, *, nproc: int, resume: bool = False, show_progress: bool = True) -> None:
     """``ltd train --nproc N`` of ``cfg`` (the config reaches the processes as a YAML file); raises when a
     process failed, after the launcher stopped the others."""
-    import tempfile
-
     from app.launch import launch_local
     from training.config import dump_config
 
@@ -175,8 +175,6 @@ def ensure_caption_report(checkpoint: Path, judges: dict[str, Path], out_dir: Pa
                           show_progress: bool = True) -> dict:
     """`ltd caption eval` of ``checkpoint`` with every judge in ``judges``, reused while the captioner
     and the judges are the same files."""
-    import json
-
     from indexer.caption_eval import evaluate_captioner, write_caption_report
 
     want = {"checkpoint": sha256_file(checkpoint)[:16], "judges": {n: sha256_file(p)[:16] for n, p in judges.items()}}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,7 +197,5 @@ def ray_embed(checkpoint: str | Path, checkpoint_sha256: str, image_paths: list[
 
 def remove_shards(opts: RayOptions) -> None:
     """After the index is committed the shards are no longer needed."""
-    import shutil
-
     if opts.shard_dir is not None and (Path(opts.shard_dir) / "plan.json").is_file():
         shutil.rmtree(opts.shard_dir, ignore_errors=True)

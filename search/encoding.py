@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import unicodedata
+import warnings
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -95,8 +96,6 @@ class TextBatcher:
 
 def quantized(text: torch.nn.Module) -> torch.nn.Module:
     """An int8 dynamically quantised copy of a text encoder (GRU and Linear weights); CPU only."""
-    import warnings
-
     with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao
         warnings.simplefilter("ignore")
         return torch.ao.quantization.quantize_dynamic(text, {torch.nn.GRU, torch.nn.Linear}, dtype=torch.qint8)

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,8 +56,6 @@ def remove_stale_temps(folder: str | Path) -> list[Path]:
     for p in folder.iterdir():
         if is_stale_temp(p):
             if p.is_dir() and not p.is_symlink():
-                import shutil
-
                 shutil.rmtree(p, ignore_errors=True)
             else:
                 p.unlink(missing_ok=True)
@@ -64,8 +64,6 @@ def remove_stale_temps(folder: str | Path) -> list[Path]:
 
 
 def sha256_file(path: str | Path) -> str:
-    import hashlib
-
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -15,8 +15,10 @@ autocast on CUDA), run by the inference runtime chosen in ``runtimes.py`` (``set
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import io
 import logging
 from pathlib import Path
 
@@ -138,8 +140,6 @@ class EfficientNetLite0(Backbone):
         if not Path(path).is_file():
             raise BackboneError(f"EfficientNet-Lite0 weights not found at {path}; reinstall the package")
         # Quiet the package's print() on load.
-        import contextlib
-        import io
         with contextlib.redirect_stdout(io.StringIO()):
             self.net = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=path)
         self.net.eval()

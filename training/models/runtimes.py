@@ -24,6 +24,7 @@ import hashlib
 import importlib.util
 import logging
 import threading
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -102,7 +103,6 @@ def export_onnx(tap: Tap, image_size: int, cache_dir: str | Path = "") -> Path:
         return path
     log.info("exporting the image encoder to ONNX (%s), once", path.name)
     x = torch.zeros(1, 3, image_size, image_size)
-    import warnings
     with atomic_path(path) as tmp, warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer warnings about python ints: the padding is fixed per image size
         torch.onnx.export(tap.eval(), (x,), str(tmp), input_names=["x"], output_names=["y"],
