@@ -60,6 +60,21 @@ def test_anchors_resolve_on_github():
                 assert anchor in _anchors(doc), f"{page.relative_to(ROOT)}: {target} names no heading"
 
 
+def test_readme_cli_at_a_glance_parses():
+    """Every line of the README's CLI block is a command the parser accepts (options renamed since fail)."""
+    import shlex
+
+    from app.cli.parser import build_parser
+
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## The CLI at a glance\n", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = [ln.split("  #")[0] for ln in block.splitlines() if ln.startswith("ltd ")]
+    assert len(lines) >= 10
+    parser = build_parser()[0]
+    for line in lines:
+        parser.parse_args(shlex.split(line)[1:])
+
+
 def test_readme_stays_short():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
 
