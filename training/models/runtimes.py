@@ -20,9 +20,11 @@ their own.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib.util
 import logging
+import os
 import threading
 import warnings
 from collections.abc import Callable
@@ -133,11 +135,35 @@ def feature_dtype(runtime: str, bf16_cpu: bool) -> str:
     return "bfloat16-openvino" if runtime == "openvino" else "bfloat16"
 
 
+class _SignalStack(ctypes.Structure):
+    _fields_ = [("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int), ("ss_size", ctypes.c_size_t)]
+
+
+def compile_openvino(core, model, config: dict):
+    """``core.compile_model(model, "CPU", config)``, with the calling thread's alternate signal stack
+    put back afterwards.
+
+    OpenVINO's CPU plugin installs an alternate signal stack of its own when a Core first compiles, and
+    when that Core's plugin goes away it frees that stack and reinstates the one it found. With two Cores
+    freed in creation order, the second reinstates the first's freed stack; the next signal delivered to
+    the thread with a Python handler (a DataLoader worker's SIGCHLD) then kills the process with SIGSEGV
+    (tests/test_runtimes.py reproduces it). Putting the caller's stack back at once makes every
+    reinstatement point at a stack that is still there."""
+    libc = ctypes.CDLL(None, use_errno=True) if os.name == "posix" else None
+    before = _SignalStack()
+    saved = libc is not None and libc.sigaltstack(None, ctypes.byref(before)) == 0
+    try:
+        return core.compile_model(model, "CPU", config)
+    finally:
+        if saved:
+            libc.sigaltstack(ctypes.byref(before), None)  # fails (ENOMEM) only if it is now too small: kept then
+
+
 def _openvino(path: Path, bf16: bool = False, streams: bool = True) -> Callable[[np.ndarray], np.ndarray]:
     import openvino as ov
 
     core = ov.Core()
-    compiled = core.compile_model(core.read_model(str(path)), "CPU", {
+    compiled = compile_openvino(core, core.read_model(str(path)), {
         "INFERENCE_PRECISION_HINT": "bf16" if bf16 else "f32", "INFERENCE_NUM_THREADS": _threads(), "PERFORMANCE_HINT": "THROUGHPUT"})
     out = compiled.output(0)
     # THROUGHPUT splits the threads into streams (2 on 2 cores, 1 thread each); one synchronous request
