@@ -9,6 +9,8 @@ Layout (format 2)::
     report.json, report.md           `ltd eval`, tagged with the generation they describe
     relevance_rougeL.g0003.npy       generation 3's cached nDCG relevance
     per_query.g0003.npz              generation 3's per-query ranks and nDCG (`ltd eval`; paired statistics)
+    word_occlusion.g0003.npz         generation 3's word attributions over the split (search/word_usage.py)
+    embedding_map.g0003.npz          generation 3's 2-D map of images and captions (search/embedmap.py)
 
 Writing generation g + 1 (a build, an overwrite or an append): first remove what killed writers
 left (stale temporaries, data files that no manifest names), then write the new data files under
@@ -42,7 +44,7 @@ FORMAT_VERSION = 2
 MODALITIES = ("images", "captions")
 KINDS = ("faiss", "npy", "json")
 _DATA_RE = re.compile(r"^(images|captions)\.g(\d+)\.(faiss|npy|json)$")
-_DERIVED_RE = re.compile(r"^(?:relevance_\w+|per_query)\.g(\d+)\.(?:npy|npz)$")
+_DERIVED_RE = re.compile(r"^(?:relevance_\w+|per_query|word_occlusion|embedding_map)\.g(\d+)\.(?:npy|npz)$")
 # Files of format 1 (fixed names, no hashes); removed when such a directory is rebuilt.
 _LEGACY = {f"{m}.{k}" for m in MODALITIES for k in KINDS} | {"relevance_rougeL.npy"}
 _REPORTS = ("report.json", "report.md")

@@ -8,10 +8,13 @@
 - ``ranking``: FAISS search and one result builder for text → image, image → text and compare,
   with ground-truth metrics when the query is a dataset item.
 - ``analysis``: the Explorer's disagreement rows and the training curves of the served models.
+- ``explainer``: why models rank as they do: word attributions of a query (``explain``), the words
+  each model uses over a whole split (``word_usage``), and 2-D embedding maps (``embedmap``).
 
 Imports flow ``training ← indexer ← search ← app``; nothing here knows about HTTP or Gradio.
 """
 from indexer.metrics import REPORT_KEYS
+from search.embedmap import EmbeddingMap
 from search.errors import (
            BadRequest,
            Busy,
@@ -21,8 +24,11 @@ from search.errors import (
            Unsupported,
            UnsupportedMediaType,
 )
+from search.explain import Explanation, ModelAttribution, WordAttribution
 from search.ranking import CompareResult, Hit, SearchResult
 from search.service import SearchConfig, SearchService
+from search.word_usage import WordStat, WordUsage
 
-__all__ = ["REPORT_KEYS", "BadRequest", "Busy", "CompareResult", "Hit", "NotFound", "NotReady", "SearchConfig", "SearchError",
-           "SearchResult", "SearchService", "Unsupported", "UnsupportedMediaType"]
+__all__ = ["REPORT_KEYS", "BadRequest", "Busy", "CompareResult", "EmbeddingMap", "Explanation", "Hit",
+           "ModelAttribution", "NotFound", "NotReady", "SearchConfig", "SearchError", "SearchResult", "SearchService",
+           "Unsupported", "UnsupportedMediaType", "WordAttribution", "WordStat", "WordUsage"]

@@ -18,6 +18,8 @@ from search import analysis
 from search.captioning import CaptionerRegistry, CorpusCider, image_rank
 from search.encoding import QueryEncoder, clean_query
 from search.errors import BadRequest, NotFound
+from search.explain import Explanation
+from search.explainer import Explainer
 from search.media import Thumbnails, UploadDecoder
 from search.ranking import CompareResult, Query, SearchResult, compare_results, rank
 from search.registry import ModelEntry, ModelRegistry, public_manifest
@@ -72,6 +74,7 @@ class SearchService:
         self.uploads = UploadDecoder(max_pixels=config.max_upload_pixels, max_concurrent=config.max_concurrent_decodes)
         self.thumbnails = Thumbnails(config.thumb_cache)
         self.explorer_rows = analysis.Explorer()
+        self.explainer = Explainer(self.get, self.encoder, self.encode_image_bytes, self.clean_query)
         self._ciders: dict[str, CorpusCider] = {}
 
     # ---- state (from the registry) ------------------------------------------------------------
@@ -243,6 +246,12 @@ class SearchService:
                                               for n in names])
         return compare_results("i2t", k, [self.search_image(n, image_id=image_id, image_bytes=image_bytes, k=k)
                                           for n in names])
+
+    def explain(self, names: list[str], *, query: str | None = None, caption_id: int | None = None,
+                image_id: int | None = None, image_bytes: bytes | None = None) -> Explanation:
+        """Which words of a query hold an image up, per model (occlusion; search/explain.py)."""
+        return self.explainer.explain(names, query=query, caption_id=caption_id, image_id=image_id,
+                                      image_bytes=image_bytes)
 
     # ---- captions -----------------------------------------------------------------------------
     def _source_image(self, image_id: int | None, image_bytes: bytes | None, min_side: int):

@@ -1,0 +1,109 @@
+"""``Explainer``: what the service answers about *why* models rank as they do.
+
+- ``explain``: one query, one image, several models → word attributions (search/explain.py);
+- ``word_usage``: two models over their whole split → the words one uses and the other ignores
+  (search/word_usage.py), computed once per index (cached next to it);
+- ``embedding_map``: one model's images and captions in 2-D (search/embedmap.py), cached likewise.
+
+It holds no model of its own: the service hands it the registry's ``get``, the query encoder and
+the upload encoder, so limits, verification and thread-safety stay where they are.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from indexer.index import IndexDirError
+from search.embedmap import EmbeddingMap, embedding_map
+from search.encoding import QueryEncoder
+from search.errors import BadRequest
+from search.explain import MAX_WORDS, Explanation, ModelAttribution, attribute
+from search.registry import ModelEntry
+from search.word_usage import WordUsage, compare_usage, occlusion_table
+
+MAX_MODELS = 4
+
+
+class Explainer:
+    def __init__(self, get: Callable[[str | None], ModelEntry], encoder: QueryEncoder,
+                 encode_upload: Callable[[str, bytes], np.ndarray], clean: Callable[[str], str], *,
+                 max_words: int = MAX_WORDS):
+        self._get, self._encoder, self._encode_upload, self._clean = get, encoder, encode_upload, clean
+        self.max_words = max_words
+        self._tables: dict[str, dict] = {}
+        self._maps: dict[str, EmbeddingMap] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def _lock(self, key: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def encode(self, e: ModelEntry) -> Callable[[list[str]], np.ndarray]:
+        """A batch text encoder for model ``e`` (every text in one call; no cache, no batcher)."""
+        return lambda texts: self._encoder.encode_batch(e, texts)
+
+    # ---- one query ------------------------------------------------------------------------------
+    def explain(self, names: list[str], *, query: str | None = None, caption_id: int | None = None,
+                image_id: int | None = None, image_bytes: bytes | None = None) -> Explanation:
+        """Word attributions of a query (free text, or a dataset caption) for an image (a dataset image id,
+        or an upload; a caption's own image when neither is given) under each of ``names``."""
+        if not names or len(names) > MAX_MODELS or len(set(names)) != len(names):
+            raise BadRequest(f"give 1 to {MAX_MODELS} different model names")
+        entries = [self._get(n) for n in names]
+        if (query is None) == (caption_id is None):
+            raise BadRequest("give exactly one of: query, caption_id")
+        if image_id is not None and image_bytes is not None:
+            raise BadRequest("give at most one of: image_id, image file")
+        shown = self._clean(query) if query is not None else None
+        if caption_id is not None:
+            e0 = entries[0]
+            pos = e0.caption_row(caption_id)
+            shown = e0.index.captions.meta["texts"][pos]
+            if image_id is None and image_bytes is None:
+                img = e0.index.captions.meta["image"][pos]
+                if img is None or img < 0:
+                    raise BadRequest(f"caption {caption_id} has no image in the index; give an image_id")
+                image_id = int(e0.index.images.ids[img])
+        elif image_id is None and image_bytes is None:
+            raise BadRequest("give the image to explain: an image_id or an image file")
+        out = [self._one(e, shown, caption_id, image_id, image_bytes) for e in entries]
+        return Explanation(shown or "", caption_id, image_id, image_bytes is not None, out)
+
+    def _one(self, e: ModelEntry, text: str | None, caption_id: int | None, image_id: int | None,
+             image_bytes: bytes | None) -> ModelAttribution:
+        if caption_id is not None:
+            meta = e.index.captions.meta
+            text = (meta.get("model_texts") or meta["texts"])[e.caption_row(caption_id)]
+        row = e.image_row(image_id) if image_id is not None else None
+        vec = self._encode_upload(e.name, image_bytes) if image_bytes is not None else None
+        return attribute(e.name, text or "", self.encode(e), e.index.images.vectors, row=row, image_vec=vec,
+                         max_words=self.max_words)
+
+    # ---- whole split ----------------------------------------------------------------------------
+    def occlusion(self, name: str, show_progress: bool = False) -> dict:
+        """Model ``name``'s split-wide occlusion table (search/word_usage.py), once per process and index."""
+        e = self._get(name)
+        with self._lock("occ:" + name):
+            if name not in self._tables:
+                self._tables[name] = occlusion_table(e.index, self.encode(e), show_progress=show_progress)
+            return self._tables[name]
+
+    def word_usage(self, a: str, b: str, *, min_count: int = 5, show_progress: bool = False) -> WordUsage:
+        if a == b:
+            raise BadRequest("word usage compares two different models")
+        ea, eb = self._get(a), self._get(b)
+        ta, tb = self.occlusion(a, show_progress), self.occlusion(b, show_progress)
+        try:
+            return compare_usage(ea.index, eb.index, ta, tb, names=(a, b), min_count=max(1, int(min_count)))
+        except IndexDirError as err:
+            raise BadRequest(str(err)) from None
+
+    def embedding_map(self, name: str) -> EmbeddingMap:
+        e = self._get(name)
+        with self._lock("map:" + name):
+            if name not in self._maps:
+                self._maps[name] = embedding_map(name, e.index)
+            return self._maps[name]

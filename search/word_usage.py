@@ -1,0 +1,225 @@
+"""Which words a model uses, over a whole split: every caption's word attributions for its own image.
+
+``occlude_split`` removes each word of each caption in turn (``search.explain``'s occlusion) and
+records how the caption's score for its image and the image's rank move. It is built for a whole
+split on a small CPU: every variant is encoded in large batches, the full captions' embeddings are
+the index's own vectors (not encoded again), and ranks come from counting the images that score
+at least as high (``search.explain.ranks_of``), never from sorting. One table per index, cached
+next to it (search/derived.py).
+
+``compare_usage`` joins two models' tables on the same (caption, word) occurrences and aggregates
+per word form: how often removing the word changes the image's rank under each model, and its mean
+contribution. The gap between the two rates has a 95% interval clustered by image (the captions of
+one image are not independent), so a word "one model uses and the other ignores" is a claim with
+its uncertainty, not a ranking of noise.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from indexer.disagreement import check_comparable
+from indexer.index import IndexDir
+from search.derived import cached_arrays
+from search.explain import occlusion_variants, ranks_of
+from search.errors import BadRequest
+
+log = logging.getLogger(__name__)
+
+OCCLUSION_VERSION = 1
+FIELDS = ("caption_row", "position", "word", "delta_score", "delta_rank", "rank")
+
+
+def _caption_variants(ix: IndexDir) -> tuple[list[str], list[tuple[int, int, str]]]:
+    """(variant texts, (caption row, word position, word) per variant) of every caption of the split that
+    has an image and two or more words."""
+    meta = ix.captions.meta
+    texts = meta.get("model_texts") or meta["texts"]
+    out_texts, keys = [], []
+    for row, (text, img) in enumerate(zip(texts, meta["image"])):
+        if img is None or img < 0:
+            continue
+        try:
+            words, variants = occlusion_variants(text, max_words=10**6)
+        except BadRequest:  # no word, or one (nothing left to encode without it)
+            continue
+        out_texts += variants
+        keys += [(row, k, w.text.lower()) for k, w in enumerate(words)]
+    return out_texts, keys
+
+
+def occlude_split(ix: IndexDir, encode: Callable[[list[str]], np.ndarray], *, batch_size: int = 1024,
+                  show_progress: bool = False) -> dict[str, np.ndarray]:
+    """One row per (caption, word) occurrence: ``FIELDS`` as arrays (``rank`` is the full caption's)."""
+    texts, keys = _caption_variants(ix)
+    img_vecs = np.ascontiguousarray(ix.images.vectors, dtype=np.float32)
+    rows = np.array([k[0] for k in keys], dtype=np.int64)
+    image_of = np.asarray([-1 if i is None else i for i in ix.captions.meta["image"]], dtype=np.int64)
+    full_own, full_rank = _full_captions(ix, img_vecs, image_of, np.unique(rows), batch_size)
+    image = image_of[rows]
+    score = np.empty(len(keys), dtype=np.float32)
+    rank = np.empty(len(keys), dtype=np.int64)
+    starts = range(0, len(texts), batch_size)
+    for s in tqdm(starts, desc=f"occluding {ix.name}", unit="batch", disable=not show_progress):
+        sl = slice(s, s + batch_size)
+        sims = np.asarray(encode(texts[sl]), dtype=np.float32) @ img_vecs.T
+        own = sims[np.arange(len(sims)), image[sl]]
+        score[sl], rank[sl] = own, ranks_of(sims, own, in_index=True)
+    return {"caption_row": rows.astype(np.int32), "position": np.array([k[1] for k in keys], dtype=np.int32),
+            "word": np.array([k[2] for k in keys], dtype=str),
+            "delta_score": (full_own[rows] - score).astype(np.float32),
+            "delta_rank": (rank - full_rank[rows]).astype(np.int32), "rank": full_rank[rows].astype(np.int32)}
+
+
+def _full_captions(ix: IndexDir, img_vecs: np.ndarray, image_of: np.ndarray, rows: np.ndarray,
+                   batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(score, rank) of each caption's own image for the full caption, indexed by caption row (only
+    ``rows`` are filled): from the index's caption vectors, which are these captions' embeddings."""
+    own = np.zeros(len(image_of), dtype=np.float32)
+    rank = np.zeros(len(image_of), dtype=np.int64)
+    for s in range(0, len(rows), batch_size):
+        r = rows[s:s + batch_size]
+        sims = np.asarray(ix.captions.vectors[r], dtype=np.float32) @ img_vecs.T
+        own[r] = sims[np.arange(len(r)), image_of[r]]
+        rank[r] = ranks_of(sims, own[r], in_index=True)
+    return own, rank
+
+
+def occlusion_table(ix: IndexDir, encode: Callable[[list[str]], np.ndarray], *,
+                    show_progress: bool = False) -> dict[str, np.ndarray]:
+    """``occlude_split`` of the index, computed once and cached in the index folder."""
+    if not ix.has_ground_truth:
+        raise BadRequest(f"{ix.name} is a corpus index (no caption ↔ image links): word usage needs a dataset split")
+    return cached_arrays(ix, "word_occlusion", OCCLUSION_VERSION,
+                         lambda: occlude_split(ix, encode, show_progress=show_progress))
+
+
+# ---- two models ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WordExample:
+    caption_id: int
+    text: str
+    a_delta_rank: int
+    b_delta_rank: int
+
+
+@dataclass(frozen=True)
+class WordStat:
+    """One word form over every occurrence in the split, under models a and b."""
+
+    word: str
+    n: int  # occurrences (caption, position)
+    images: int  # distinct images of those captions
+    a_changed: float  # share of occurrences where removing the word changes the image's rank under a
+    b_changed: float
+    a_delta_score: float  # mean score(full) − score(without)
+    b_delta_score: float
+    a_delta_rank: float  # mean rank(without) − rank(full)
+    b_delta_rank: float
+    gap: float  # b_changed − a_changed: > 0, b uses the word where a ignores it
+    gap_ci: float  # half-width of the gap's 95% interval, clustered by image
+    examples: tuple[WordExample, ...]  # occurrences where the two models differ most, in the gap's direction
+
+    @property
+    def shown(self) -> bool:
+        """The interval excludes 0 (a difference the data show, not noise)."""
+        return abs(self.gap) > self.gap_ci
+
+
+@dataclass(frozen=True)
+class WordUsage:
+    a: str
+    b: str
+    captions: int  # captions with two or more words
+    occurrences: int
+    min_count: int
+    words: tuple[WordStat, ...]  # every word seen min_count times, by gap (b's most used first)
+
+    def b_uses(self, n: int = 20) -> list[WordStat]:
+        """Words b uses and a ignores: the largest positive gaps."""
+        return [w for w in self.words if w.gap > 0][:n]
+
+    def a_uses(self, n: int = 20) -> list[WordStat]:
+        return [w for w in reversed(self.words) if w.gap < 0][:n]
+
+
+def _clustered_ci(d: np.ndarray, groups: np.ndarray) -> float:
+    """1.96 × the cluster-robust standard error of mean(d), clusters = ``groups`` (images)."""
+    n, g = len(d), np.unique(groups, return_inverse=True)[1]
+    k = int(g.max()) + 1
+    if k < 2:
+        return float("inf")
+    sums = np.bincount(g, weights=d - d.mean(), minlength=k)
+    return float(1.96 * np.sqrt(k / (k - 1) * (sums**2).sum()) / n)
+
+
+def _join(ta: dict, tb: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Indices into a's and b's tables of the occurrences both have (same caption, position and word)."""
+    def keys(t):
+        return np.asarray(t["caption_row"], np.int64) * 100_000 + np.asarray(t["position"], np.int64)
+    _, ia, ib = np.intersect1d(keys(ta), keys(tb), assume_unique=True, return_indices=True)
+    same = ta["word"][ia] == tb["word"][ib]
+    return ia[same], ib[same]
+
+
+def compare_usage(a: IndexDir, b: IndexDir, ta: dict, tb: dict, *, names: tuple[str, str] = ("a", "b"),
+                  min_count: int = 5, examples: int = 3) -> WordUsage:
+    """Per word form, a's and b's use of it over the occurrences both tables have."""
+    check_comparable(a, b)
+    ia, ib = _join(ta, tb)
+    words, rows = ta["word"][ia], ta["caption_row"][ia]
+    img = np.asarray(a.captions.meta["image"], dtype=np.int64)[rows]
+    ra, rb = ta["delta_rank"][ia].astype(np.int64), tb["delta_rank"][ib].astype(np.int64)
+    sa, sb = ta["delta_score"][ia].astype(np.float64), tb["delta_score"][ib].astype(np.float64)
+    order = np.argsort(words, kind="stable")
+    uniq, start, count = np.unique(words[order], return_index=True, return_counts=True)
+    ids, texts = a.captions.ids, a.captions.meta["texts"]
+    stats = []
+    for w, s0, c in zip(uniq, start, count):
+        if c < min_count:
+            continue
+        k = order[s0:s0 + c]
+        ca, cb = (ra[k] != 0).astype(np.float64), (rb[k] != 0).astype(np.float64)
+        gap = float(cb.mean() - ca.mean())
+        lean = (np.abs(rb[k]) - np.abs(ra[k])) * (1 if gap >= 0 else -1)
+        ex = [k[p] for p in np.argsort(-lean, kind="stable")[:examples] if lean[p] > 0]
+        stats.append(WordStat(str(w), int(c), int(len(np.unique(img[k]))), float(ca.mean()), float(cb.mean()),
+                              float(sa[k].mean()), float(sb[k].mean()), float(ra[k].mean()), float(rb[k].mean()), gap,
+                              _clustered_ci(cb - ca, img[k]),
+                              tuple(WordExample(int(ids[rows[j]]), texts[rows[j]], int(ra[j]), int(rb[j]))
+                                    for j in ex)))
+    stats.sort(key=lambda s: (-s.gap, -(s.b_delta_score - s.a_delta_score), s.word))
+    return WordUsage(names[0], names[1], int(len(np.unique(rows))), int(len(ia)), min_count, tuple(stats))
+
+
+def usage_markdown(u: WordUsage, top: int = 15) -> str:
+    """Two tables: the words b uses and a ignores, and the reverse (``ltd compare --words``)."""
+    def table(title: str, rows: list[WordStat]) -> list[str]:
+        out = [f"### {title}", "", f"| word | n | changes {u.a}'s rank | changes {u.b}'s rank | gap (95% CI) | "
+               f"mean Δscore {u.a} | mean Δscore {u.b} | mean Δrank {u.a} | mean Δrank {u.b} |",
+               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for w in rows:
+            mark = "" if w.shown else " ⁿˢ"
+            out.append(f"| {w.word} | {w.n} | {w.a_changed:.0%} | {w.b_changed:.0%} | {w.gap:+.0%} ± {w.gap_ci:.0%}{mark} "
+                       f"| {w.a_delta_score:+.4f} | {w.b_delta_score:+.4f} | {w.a_delta_rank:+.1f} | {w.b_delta_rank:+.1f} |")
+        return out + [""] if rows else out + ["(none)", ""]
+
+    head = (f"{u.occurrences:,} word occurrences in {u.captions:,} captions; words seen at least {u.min_count} times. "
+            "'changes the rank': share of occurrences where removing the word moves the caption's own image; "
+            "ⁿˢ: the 95% interval (clustered by image) includes 0.")
+    return "\n".join([head, "", *table(f"Words {u.b} uses and {u.a} ignores", u.b_uses(top)),
+                      *table(f"Words {u.a} uses and {u.b} ignores", u.a_uses(top))])
+
+
+def timed_usage(a: IndexDir, b: IndexDir, encode_a, encode_b, *, names: tuple[str, str], min_count: int = 5,
+                show_progress: bool = False) -> tuple[WordUsage, float]:
+    """(usage, seconds): both tables (from the cache when there) and their comparison."""
+    t0 = time.perf_counter()
+    ta = occlusion_table(a, encode_a, show_progress=show_progress)
+    tb = occlusion_table(b, encode_b, show_progress=show_progress)
+    return compare_usage(a, b, ta, tb, names=names, min_count=min_count), time.perf_counter() - t0

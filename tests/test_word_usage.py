@@ -1,0 +1,172 @@
+"""The split-wide word occlusion (search/word_usage.py) against a plain one-caption-at-a-time loop, its
+per-word comparison of two models, its cache next to the index (search/derived.py), and the
+embedding map's PCA (search/embedmap.py) against scikit-learn's."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from search import SearchService, derived
+from search.derived import cached_arrays
+from search.embedmap import captions_with_word, images_with_word, pca_2d
+from search.explain import split_words, without
+from search.word_usage import compare_usage, occlude_split, usage_markdown
+
+
+@pytest.fixture(scope="module")
+def svc(tiny_index_pair) -> SearchService:
+    s = SearchService({"bl": tiny_index_pair["bl"], "ltd": tiny_index_pair["ltd"]})
+    s.load()
+    yield s
+    s.close()
+
+
+def _reference(svc: SearchService, name: str) -> dict[tuple[int, int], tuple[float, int, int]]:
+    """(caption row, word position) → (Δscore, Δrank, full rank): one text at a time, ranks by sorting."""
+    e = svc.entries[name]
+    ix, encode = e.index, svc.explainer.encode(e)
+    imgs = np.asarray(ix.images.vectors)
+    out = {}
+    for row, (text, img) in enumerate(zip(ix.captions.meta["texts"], ix.captions.meta["image"])):
+        words = split_words(text)
+        if img < 0 or len(words) < 2:
+            continue
+
+        def score_rank(vec, img=img):  # this caption's image (bound now, not at the loop's end)
+            s = imgs @ vec
+            order = sorted(range(len(s)), key=lambda j: (-s[j], j == img))
+            return float(s[img]), order.index(img) + 1
+
+        s_full, r_full = score_rank(np.asarray(ix.captions.vectors[row]))
+        for k, w in enumerate(words):
+            s, r = score_rank(encode([without(text, w)])[0])
+            out[(row, k)] = (s_full - s, r - r_full, r_full)
+    return out
+
+
+@pytest.mark.parametrize("batch_size", [7, 1024])
+def test_split_occlusion_equals_a_plain_loop(svc, batch_size):
+    e = svc.entries["ltd"]
+    table = occlude_split(e.index, svc.explainer.encode(e), batch_size=batch_size)
+    ref = _reference(svc, "ltd")
+    assert len(table["word"]) == len(ref)
+    for i in range(len(table["word"])):
+        ds, dr, r = ref[(int(table["caption_row"][i]), int(table["position"][i]))]
+        assert table["delta_score"][i] == pytest.approx(ds, abs=1e-5)
+        assert (table["delta_rank"][i], table["rank"][i]) == (dr, r)
+    texts = e.index.captions.meta["texts"]
+    assert all(w == split_words(texts[r])[p].text.lower()
+               for w, r, p in zip(table["word"], table["caption_row"], table["position"]))
+
+
+def _tables(words, ra, rb, sa=None, sb=None, rows=None):
+    n = len(words)
+    rows = np.arange(n) if rows is None else np.asarray(rows)
+    def t(r, s):
+        return {"caption_row": rows.astype(np.int32), "position": np.zeros(n, np.int32), "word": np.array(words),
+                "delta_rank": np.asarray(r, np.int32), "delta_score": np.asarray(s if s is not None else r, np.float32),
+                "rank": np.ones(n, np.int32)}
+    return t(ra, sa), t(rb, sb)
+
+
+def test_compare_usage_aggregates_by_hand(svc):
+    """Six captions (rows 0-5) of the tiny split: 'red' changes b's rank in 3 of 4 occurrences and a's in
+    none; 'dog' only a's, once; 'the' never."""
+    ix = svc.entries["bl"].index
+    words = ["red", "red", "red", "red", "dog", "the"]
+    ta, tb = _tables(words, [0, 0, 0, 0, 2, 0], [1, -2, 0, 5, 0, 0], sa=[0.0, 0.1, 0, 0, 0.2, 0])
+    u = compare_usage(ix, ix, ta, tb, names=("A", "B"), min_count=1)
+    by = {w.word: w for w in u.words}
+    red, dog = by["red"], by["dog"]
+    assert (red.n, red.a_changed, red.b_changed, red.gap) == (4, 0.0, 0.75, 0.75)
+    assert red.b_delta_rank == pytest.approx(1.0) and red.a_delta_score == pytest.approx(0.025)
+    assert [x.b_delta_rank for x in red.examples] == [5, -2, 1]  # b moves most where a does not
+    assert dog.gap == -1.0 and [x.a_delta_rank for x in dog.examples] == [2]
+    assert u.b_uses()[0].word == "red" and u.a_uses()[0].word == "dog" and by["the"].gap == 0
+    assert [w.word for w in u.words] == ["red", "the", "dog"]
+    assert compare_usage(ix, ix, ta, tb, min_count=2).words[0].word == "red" and len(
+        compare_usage(ix, ix, ta, tb, min_count=2).words) == 1
+    md = usage_markdown(u)
+    assert "| red | 4 | 0% | 75% |" in md and "Words B uses and A ignores" in md
+
+
+def test_the_gap_interval_is_clustered_by_image(svc):
+    """The same 4 differing occurrences: spread over 4 images they give a finite interval; a constant
+    difference has none; all in one image there is nothing to estimate the spread from (infinite)."""
+    ix = svc.entries["bl"].index
+    img = np.asarray(ix.captions.meta["image"])
+    one_per_image = [int(np.flatnonzero(img == i)[0]) for i in range(4)]
+    ta, tb = _tables(["red"] * 4, [0, 0, 0, 1], [1, 1, 0, 1], rows=one_per_image)
+    w = compare_usage(ix, ix, ta, tb, min_count=1).words[0]
+    d = np.array([1, 1, 0, 0.0])
+    se = np.sqrt(4 / 3 * ((d - d.mean()) ** 2).sum()) / 4
+    assert w.gap == 0.5 and w.gap_ci == pytest.approx(1.96 * se)
+    same_image = [int(r) for r in np.flatnonzero(img == 0)[:4]]
+    ta, tb = _tables(["red"] * 4, [0, 0, 0, 1], [1, 1, 0, 1], rows=same_image)
+    assert compare_usage(ix, ix, ta, tb, min_count=1).words[0].gap_ci == float("inf")
+
+
+def test_word_usage_is_cached_next_to_the_index(svc, tiny_index_pair, monkeypatch):
+    u = svc.explainer.word_usage("bl", "ltd", min_count=1)
+    assert u.occurrences > 0 and u.words
+    assert sorted(p.name for p in tiny_index_pair["bl"].glob("word_occlusion.*")) == ["word_occlusion.g0001.npz"]
+    fresh = SearchService({"bl": tiny_index_pair["bl"], "ltd": tiny_index_pair["ltd"]})
+    fresh.load()
+    import search.word_usage as wu
+
+    monkeypatch.setattr(wu, "occlude_split", lambda *a, **k: pytest.fail("computed again despite the cache"))
+    assert fresh.explainer.word_usage("bl", "ltd", min_count=1) == u
+    fresh.close()
+
+
+def test_derived_arrays_are_recomputed_when_torn_stale_or_unwritable(svc, monkeypatch):
+    ix = svc.entries["bl"].index
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"x": np.arange(3)}
+
+    path = ix.derived_path("embedding_map", "npz")
+    path.unlink(missing_ok=True)
+    assert list(cached_arrays(ix, "embedding_map", 99, compute)["x"]) == [0, 1, 2] and len(calls) == 1
+    assert list(cached_arrays(ix, "embedding_map", 99, compute)["x"]) == [0, 1, 2] and len(calls) == 1
+    path.write_bytes(path.read_bytes()[:40])  # torn (never by this code; by a disk, a copy)
+    cached_arrays(ix, "embedding_map", 99, compute)
+    assert len(calls) == 2
+    cached_arrays(ix, "embedding_map", 100, compute)  # another format version
+    assert len(calls) == 3
+    path.unlink()
+
+    def read_only(*a, **k):  # what opening the lock file beside it raises in a read-only folder
+        raise PermissionError(13, "Read-only file system")
+
+    monkeypatch.setattr(derived, "exclusive", read_only)
+    assert list(cached_arrays(ix, "embedding_map", 99, compute)["x"]) == [0, 1, 2] and not path.exists()
+
+
+def test_pca_matches_scikit_learn():
+    from sklearn.decomposition import PCA
+
+    x = np.random.default_rng(1).normal(size=(200, 16)) @ np.diag(np.linspace(3, 0.1, 16))
+    xy, ratio = pca_2d(x)
+    ref = PCA(2).fit(x)
+    want = ref.transform(x)
+    for k in range(2):
+        assert abs(np.corrcoef(xy[:, k], want[:, k])[0, 1]) == pytest.approx(1, abs=1e-6)
+    np.testing.assert_allclose(np.abs(xy), np.abs(want), atol=1e-4)
+    np.testing.assert_allclose(ratio, ref.explained_variance_ratio_, rtol=1e-5)
+    assert np.array_equal(pca_2d(x)[0], pca_2d(x.copy())[0])  # deterministic signs
+
+
+def test_embedding_map_and_word_masks(svc):
+    m = svc.explainer.embedding_map("ltd")
+    ix = svc.entries["ltd"].index
+    assert m.images.shape == (len(ix.images.ids), 2) and m.captions.shape == (len(ix.captions.ids), 2)
+    assert 0 < m.explained[1] <= m.explained[0] < 1
+    texts = ix.captions.meta["texts"]
+    word = split_words(texts[0])[-1].text
+    mask = captions_with_word(ix, word.upper())
+    assert mask[0] and mask.sum() == sum(word.lower() in [w.text.lower() for w in split_words(t)] for t in texts)
+    imgs = images_with_word(ix, mask)
+    assert imgs[ix.captions.meta["image"][0]] and imgs.sum() <= mask.sum()
