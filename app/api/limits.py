@@ -1,6 +1,7 @@
 """Request body limits: 413 for a body over the limit of its path, without reading more than the limit.
 
-- the upload endpoints (``/api/search/image``, ``/api/compare``, the UI's ``/ui/gradio_api/upload``):
+- the upload endpoints (``/api/search/image``, ``/api/compare``, ``/api/caption``, ``/api/explain``, the
+  UI's ``/ui/gradio_api/upload``):
   the upload limit plus room for the multipart framing;
 - the rest of the UI (Gradio's queue and API calls carry component values, never files): a few
   hundred KB;
@@ -16,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.api.errors import error_body
 from app.api.settings import Settings
 
-UPLOAD_PATHS = ("/api/search/image", "/api/compare", "/api/caption", "/ui/gradio_api/upload")
+UPLOAD_PATHS = ("/api/search/image", "/api/compare", "/api/caption", "/api/explain", "/ui/gradio_api/upload")
 MULTIPART_OVERHEAD = 64 * 1024  # boundaries, part headers and the small form fields next to the file
 
 

@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from app.api.errors import install_error_handlers
 from app.api.limits import BodyLimitMiddleware, body_limits
 from app.api.prom import PrometheusMiddleware, Registry
-from app.api.routers import caption, deps, docs, health, media, metrics, search
+from app.api.routers import caption, deps, docs, explain, health, media, metrics, search
 from app.api.security import AccessMiddleware
 from app.api.settings import Settings, load_settings
 from search import SearchService
@@ -160,6 +160,7 @@ def create_app(settings: Settings | None = None, service: SearchService | None =
     app.include_router(search.router)
     app.include_router(media.router)
     app.include_router(caption.router)
+    app.include_router(explain.router)
     app.include_router(metrics.router)
     docs.mount(app)
     _install_openapi(app)

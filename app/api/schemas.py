@@ -305,3 +305,64 @@ class CaptionCheckResponse(BaseModel):
     image_id: int | None
     cider: float | None
     retrieval: list[ImageRank]
+
+
+# ---- explanations --------------------------------------------------------------------------------
+class ExplainRequest(BaseModel):
+    """Word attributions: which words of a query hold an image up, per model. Give ``query`` (free text, then
+    ``image_id`` too) or ``caption_id`` (a dataset caption; the image defaults to its own). Uploads use
+    multipart/form-data on the same path."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_request_schema("query", "caption_id"))
+
+    query: QueryText = None  # type: ignore[assignment]
+    caption_id: ItemId = None  # type: ignore[assignment]
+    image_id: ItemId = None  # type: ignore[assignment]
+    models: Annotated[list[ModelName], Field(min_length=1, max_length=4, json_schema_extra={"uniqueItems": True})]
+
+    @model_validator(mode="after")
+    def _check(self) -> ExplainRequest:
+        _exactly_one(self, ("query", "caption_id"))
+        if len(set(self.models)) != len(self.models):
+            raise ValueError("models must name different models")
+        return self
+
+
+EXPLAIN_UPLOAD_FORM = {"type": "object", "required": ["file", "models"], "additionalProperties": False,
+                       "properties": {"file": UPLOAD_FIELD, "query": {"type": "string", "minLength": 1,
+                                                                      "maxLength": MAX_QUERY_CHARS},
+                                      "caption_id": {"type": "integer", "minimum": 0, "maximum": MAX_ID},
+                                      "models": {"type": "array", "items": MODEL_FIELD, "minItems": 1, "maxItems": 4,
+                                                 "uniqueItems": True}}}
+
+
+class WordAttributionOut(BaseModel):
+    word: str
+    start: int = Field(description="offset of the word in the model's query text")
+    end: int
+    text_without: str = Field(description="the query with this word removed: what was encoded")
+    score_without: float
+    rank_without: int
+    delta_score: float = Field(description="score(full) − score(without the word): > 0, the word pulls the image closer")
+    delta_rank: int = Field(description="rank(without) − rank(full): > 0, the image drops that many places without it")
+
+
+class ModelExplanation(BaseModel):
+    model: str
+    text: str = Field(description="the query as this model encodes it")
+    score: float = Field(description="the full query's score for the image")
+    rank: int = Field(description="the image's rank for the full query (1 = best; ties count against it)")
+    of: int = Field(description="among how many images (an upload counts as one more)")
+    words: list[WordAttributionOut]
+    took_ms: float
+
+
+class ExplainResponse(BaseModel):
+    text: str = Field(description="the query as shown (a dataset caption's text)")
+    caption_id: int | None
+    image_id: int | None = Field(description="the explained image (None for an upload)")
+    upload: bool
+    image_url: str | None = None
+    thumbnail_url: str | None = None
+    models: list[ModelExplanation]
+    summary: list[str] = Field(description="plain sentences about the words the models treat most differently")
