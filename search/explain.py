@@ -52,17 +52,22 @@ def without(text: str, span: WordSpan) -> str:
 
 
 def occlusion_variants(text: str, *, max_words: int = MAX_WORDS) -> tuple[list[WordSpan], list[str]]:
-    """(words, variants): variant i is ``text`` without word i. BadRequest when there is nothing to
-    occlude (no word, one word: removing it leaves nothing to encode) or too much."""
+    """(words, variants): variant i is ``text`` without word i. No variants for fewer than two words
+    (removing the only word leaves nothing to encode); BadRequest for more than ``max_words``."""
     words = split_words(text)
-    if not words:
-        raise BadRequest("the query has no words to explain (only punctuation or symbols)")
-    if len(words) == 1:
-        raise BadRequest(f"a one-word query ({words[0].text!r}) cannot be explained by removing words: removing "
-                         "it leaves nothing to encode; add a word or two")
     if len(words) > max_words:
         raise BadRequest(f"the query has {len(words)} words; explanations take at most {max_words}")
-    return words, [without(text, w) for w in words]
+    return words, [without(text, w) for w in words] if len(words) >= 2 else []
+
+
+def why_no_words(words: list[WordSpan]) -> str | None:
+    """The message shown instead of attributions when a query has fewer than two words."""
+    if not words:
+        return "the query has no words (only punctuation or symbols): there is nothing to remove"
+    if len(words) == 1:
+        return (f"a one-word query ({words[0].text!r}) cannot be explained by removing words: removing it leaves "
+                "nothing to encode; add a word or two")
+    return None
 
 
 def ranks_of(scores: np.ndarray, own: np.ndarray, *, in_index: bool) -> np.ndarray:
@@ -93,8 +98,9 @@ class ModelAttribution:
     score: float  # the full query's score for the image
     rank: int  # the image's rank for the full query (1 = best)
     of: int  # among how many images (an upload counts as one more)
-    words: list[WordAttribution]
+    words: list[WordAttribution]  # empty for a query of fewer than two words (``note`` says why)
     took_ms: float
+    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -135,7 +141,8 @@ def attribute(model: str, text: str, encode: Callable[[list[str]], np.ndarray], 
     out = [WordAttribution(w.text, w.start, w.end, v, float(own[i + 1]), int(ranks[i + 1]),
                            float(own[0] - own[i + 1]), int(ranks[i + 1] - ranks[0]))
            for i, (w, v) in enumerate(zip(words, variants))]
-    return ModelAttribution(model, text, float(own[0]), int(ranks[0]), n, out, (time.perf_counter() - t0) * 1000)
+    return ModelAttribution(model, text, float(own[0]), int(ranks[0]), n, out, (time.perf_counter() - t0) * 1000,
+                            why_no_words(words))
 
 
 # ---- words into sentences ------------------------------------------------------------------------
@@ -153,27 +160,32 @@ def _effect(m: ModelAttribution, w: WordAttribution) -> str:
 
 def summary_sentences(ex: Explanation, limit: int = 2) -> list[str]:
     """Plain sentences about the words the models treat most differently, e.g. "Without *red*, bl ranks
-    this image the same; ltd drops it 40 places." (one model: its most important words)."""
-    ms = ex.models
-    if not ms:
-        return []
-    if len(ms) == 1 or any(len(m.words) != len(ms[0].words) for m in ms):
+    it the same; ltd drops it 40 places." (one model: its most important word)."""
+    ms = [m for m in ex.models if m.words]
+    notes = list(dict.fromkeys(m.note[0].upper() + m.note[1:] + "." for m in ex.models if m.note))
+    if len(ms) == 1 or (ms and any(len(m.words) != len(ms[0].words) for m in ms)):
         out = []
         for m in ms:
             top = max(m.words, key=lambda w: (abs(w.delta_rank), abs(w.delta_score)))
             out.append(f"{m.model} ranks this image {m.rank} of {m.of}; its most important word is *{top.word}* "
-                       f"(without it: {_effect(m, top).split(' ', 1)[1]}).")
-        return out
+                       f"(without it, {_effect(m, top)}).")
+        return notes + out
+    if not ms:
+        return notes
     a, b = ms[0], ms[1]
     gap = sorted(range(len(a.words)), key=lambda i: (-abs(b.words[i].delta_rank - a.words[i].delta_rank),
                                                        -abs(b.words[i].delta_score - a.words[i].delta_score)))
     out = []
     for i in gap[:limit]:
         wa, wb = a.words[i], b.words[i]
-        if wa.delta_rank == wb.delta_rank and len(out):
+        if wa.delta_rank == wb.delta_rank and out:
             break
-        same = "both rank it the same" if wa.delta_rank == wb.delta_rank == 0 else None
-        body = same or f"{_effect(a, wa)}; {_effect(b, wb)}"
-        out.append(f"Without *{wa.word}*, {body}" + (f" (Δscore {wa.delta_score:+.3f} vs {wb.delta_score:+.3f})."
-                                                      if wa.delta_rank == wb.delta_rank else "."))
-    return out
+        if wa.delta_rank == wb.delta_rank:
+            d = wa.delta_rank
+            body = ("both rank it the same" if d == 0 else f"both drop it {_places(d)}" if d > 0
+                    else f"both move it up {_places(-d)}")
+            out.append(f"Without *{wa.word}*, {body} (Δscore {wa.delta_score:+.3f} for {a.model}, "
+                       f"{wb.delta_score:+.3f} for {b.model}).")
+        else:
+            out.append(f"Without *{wa.word}*, {_effect(a, wa)}; {_effect(b, wb)}.")
+    return notes + out

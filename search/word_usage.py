@@ -44,9 +44,8 @@ def _caption_variants(ix: IndexDir) -> tuple[list[str], list[tuple[int, int, str
     for row, (text, img) in enumerate(zip(texts, meta["image"])):
         if img is None or img < 0:
             continue
-        try:
-            words, variants = occlusion_variants(text, max_words=10**6)
-        except BadRequest:  # no word, or one (nothing left to encode without it)
+        words, variants = occlusion_variants(text, max_words=10**6)
+        if not variants:  # no word, or one (nothing left to encode without it)
             continue
         out_texts += variants
         keys += [(row, k, w.text.lower()) for k, w in enumerate(words)]

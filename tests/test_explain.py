@@ -38,11 +38,20 @@ def test_words_and_their_removal():
     assert variants == ["big dog", "a dog", "a big"]
 
 
-@pytest.mark.parametrize("text, message", [("dog", "one-word"), ("!!! ...", "no words"),
-                                           (" ".join(["a"] * 65), "at most 64")])
-def test_nothing_or_too_much_to_occlude(text, message):
-    with pytest.raises(BadRequest, match=message):
-        occlusion_variants(text)
+def test_nothing_or_too_much_to_occlude():
+    assert occlusion_variants("dog") == (split_words("dog"), []) and occlusion_variants("!!! ...") == ([], [])
+    with pytest.raises(BadRequest, match="at most 64"):
+        occlusion_variants(" ".join(["a"] * 65))
+
+
+@pytest.mark.parametrize("query, note", [("dog", "one-word query ('dog')"), ("!!! …", "no words")])
+def test_fewer_than_two_words_still_score_and_say_why(svc, query, note):
+    image_id = int(svc.entries["bl"].index.images.ids[0])
+    ex = svc.explain(["bl", "ltd"], query=query, image_id=image_id)
+    for m in ex.models:
+        assert m.words == [] and note in m.note
+        assert (m.score, m.rank) == pytest.approx(_api_score_rank(svc, m.model, image_id, query=query), abs=1e-5)
+    assert len(ex.summary) == 1 and note in ex.summary[0]
 
 
 def test_ranks_by_counting_equal_ranks_by_sorting():
@@ -114,7 +123,6 @@ def test_an_upload_is_ranked_as_one_more_image(svc, tiny_index_pair):
 
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"query": "dog"}, BadRequest, "image"),
-    ({"query": "dog", "image_id": 0}, BadRequest, "one-word"),
     ({"query": "   ", "image_id": 0}, BadRequest, "empty"),
     ({"query": " ".join(["ab"] * 400), "image_id": 0}, BadRequest, "characters"),
     ({"query": " ".join(["a"] * 100), "image_id": 0}, BadRequest, "at most 64"),

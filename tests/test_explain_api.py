@@ -47,7 +47,7 @@ def test_explain_a_caption(client, ids):
     want = client.svc.explain(["bl", "ltd"], caption_id=ids["caption"])
     assert body["text"] == want.text and body["caption_id"] == ids["caption"] and body["image_id"] == want.image_id
     assert body["thumbnail_url"].startswith(f"/api/images/{want.image_id}/thumbnail?")
-    for got, m in zip(body["models"], want.models):
+    for got, m in zip(body["results"], want.models):
         assert got["model"] == m.model and got["rank"] == m.rank and got["of"] == m.of
         assert [w["word"] for w in got["words"]] == [w.word for w in m.words]
         assert [w["delta_rank"] for w in got["words"]] == [w.delta_rank for w in m.words]
@@ -60,7 +60,7 @@ def test_explain_free_text_for_an_image_and_an_upload(client, ids):
     q = "a big green circle next to a small square"
     r = client.post("/api/explain", json={"query": q, "image_id": ids["image"], "models": ["ltd"]})
     assert r.status_code == 200, r.text
-    assert [w["word"] for w in r.json()["models"][0]["words"]] == q.split()
+    assert [w["word"] for w in r.json()["results"][0]["words"]] == q.split()
     data = open(ids["path"], "rb").read()
     r = client.post("/api/explain", files={"file": ("x.jpg", data, "image/jpeg")},
                     data={"query": q, "models": ["bl", "ltd"]})
@@ -68,7 +68,7 @@ def test_explain_free_text_for_an_image_and_an_upload(client, ids):
     body = r.json()
     assert body["upload"] and body["image_id"] is None and body["thumbnail_url"] is None
     n = len(client.svc.entries["bl"].index.images.ids)
-    assert [m["of"] for m in body["models"]] == [n + 1, n + 1]
+    assert [m["of"] for m in body["results"]] == [n + 1, n + 1]
     r = client.post("/api/explain", files={"file": ("x.jpg", data, "image/jpeg")},
                     data={"caption_id": str(ids["caption"]), "models": "bl"})
     assert r.status_code == 200 and r.json()["caption_id"] == ids["caption"]
@@ -79,9 +79,7 @@ def test_explain_free_text_for_an_image_and_an_upload(client, ids):
     ({"query": "   ", "image_id": 0, "models": ["bl", "ltd"]}, 422),
     ({"query": " ".join(["word"] * 1000), "image_id": 0, "models": ["bl", "ltd"]}, 422),  # 1,000 words
     ({"query": " ".join(["a"] * 300), "image_id": 0, "models": ["bl", "ltd"]}, 400),  # 300 words within 1,000 chars
-    ({"query": "dog", "image_id": 0, "models": ["bl", "ltd"]}, 400),  # one word
-    ({"query": "dog ...!", "image_id": 0, "models": ["bl", "ltd"]}, 400),
-    ({"query": "a red dog", "models": ["bl", "ltd"]}, 400),  # no image
+    ({"query": "a red dog", "models": ["bl", "ltd"]}, 422),  # no image
     ({"query": "a red dog", "image_id": 10**12, "models": ["bl", "ltd"]}, 404),  # unknown ids
     ({"caption_id": 10**12, "models": ["bl", "ltd"]}, 404),
     ({"query": "a red dog", "image_id": 0, "models": ["bl", "nope"]}, 404),
@@ -101,6 +99,15 @@ def test_bad_inputs_are_4xx(client, ids, payload, status):
     body = _error(client.post("/api/explain", content=raw, headers={"content-type": "application/json"}), status)
     if status == 400:
         assert any(w in body["detail"] for w in ("word", "image", "Unicode", "limit")), body
+
+
+@pytest.mark.parametrize("query", ["dog", "dog ...!", "!!!"])
+def test_fewer_than_two_words_get_a_clear_message(client, ids, query):
+    r = client.post("/api/explain", json={"query": query, "image_id": ids["image"], "models": ["bl", "ltd"]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert all(m["words"] == [] and m["note"] for m in body["results"])
+    assert body["summary"] and ("one-word" in body["summary"][0] or "no words" in body["summary"][0])
 
 
 def test_bad_uploads_are_4xx(client, ids):

@@ -308,12 +308,19 @@ class CaptionCheckResponse(BaseModel):
 
 
 # ---- explanations --------------------------------------------------------------------------------
+def _explain_schema(schema: dict, cls: type) -> None:
+    """A dataset caption (its own image unless ``image_id`` says otherwise), or free text and an image id."""
+    _request_schema()(schema, cls)
+    schema["oneOf"] = [{"required": ["caption_id"]}, {"required": ["query", "image_id"]}]
+    schema["not"] = {"required": ["query", "caption_id"]}
+
+
 class ExplainRequest(BaseModel):
     """Word attributions: which words of a query hold an image up, per model. Give ``query`` (free text, then
     ``image_id`` too) or ``caption_id`` (a dataset caption; the image defaults to its own). Uploads use
     multipart/form-data on the same path."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra=_request_schema("query", "caption_id"))
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_explain_schema)
 
     query: QueryText = None  # type: ignore[assignment]
     caption_id: ItemId = None  # type: ignore[assignment]
@@ -323,6 +330,8 @@ class ExplainRequest(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> ExplainRequest:
         _exactly_one(self, ("query", "caption_id"))
+        if self.query is not None and self.image_id is None:
+            raise ValueError("a free-text query needs the image to explain: give image_id (or upload the image)")
         if len(set(self.models)) != len(self.models):
             raise ValueError("models must name different models")
         return self
@@ -353,8 +362,9 @@ class ModelExplanation(BaseModel):
     score: float = Field(description="the full query's score for the image")
     rank: int = Field(description="the image's rank for the full query (1 = best; ties count against it)")
     of: int = Field(description="among how many images (an upload counts as one more)")
-    words: list[WordAttributionOut]
+    words: list[WordAttributionOut] = Field(description="one per word; empty for fewer than two words (see note)")
     took_ms: float
+    note: str | None = Field(None, description="why there are no word attributions (a query of fewer than two words)")
 
 
 class ExplainResponse(BaseModel):
@@ -364,5 +374,5 @@ class ExplainResponse(BaseModel):
     upload: bool
     image_url: str | None = None
     thumbnail_url: str | None = None
-    models: list[ModelExplanation]
+    results: list[ModelExplanation] = Field(description="one per model, in the order of the request's `models`")
     summary: list[str] = Field(description="plain sentences about the words the models treat most differently")

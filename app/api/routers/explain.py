@@ -74,4 +74,4 @@ def explain(q: Annotated[ExplainQuery, Depends(explain_query)], svc: Service) ->
         text=ex.text, caption_id=ex.caption_id, image_id=iid, upload=ex.upload,
         image_url=None if iid is None else image_url(iid, first),
         thumbnail_url=None if iid is None else thumbnail_url(iid, first),
-        models=[ModelExplanation.model_validate(asdict(m)) for m in ex.models], summary=ex.summary))
+        results=[ModelExplanation.model_validate(asdict(m)) for m in ex.models], summary=ex.summary))
