@@ -166,6 +166,19 @@ def _join(ta: dict, tb: dict) -> tuple[np.ndarray, np.ndarray]:
     return ia[same], ib[same]
 
 
+def _examples(k: np.ndarray, lean: np.ndarray, rows: np.ndarray, n: int) -> list[int]:
+    """Up to ``n`` occurrences (indices into the joined arrays) where the models differ most in the gap's
+    direction, one per caption ("a" twice in a caption is one example)."""
+    out, seen = [], set()
+    for p in np.argsort(-lean, kind="stable"):
+        if lean[p] <= 0 or len(out) == n:
+            break
+        if int(rows[k[p]]) not in seen:
+            seen.add(int(rows[k[p]]))
+            out.append(int(k[p]))
+    return out
+
+
 def compare_usage(a: IndexDir, b: IndexDir, ta: dict, tb: dict, *, names: tuple[str, str] = ("a", "b"),
                   min_count: int = 5, examples: int = 3) -> WordUsage:
     """Per word form, a's and b's use of it over the occurrences both tables have."""
@@ -186,7 +199,7 @@ def compare_usage(a: IndexDir, b: IndexDir, ta: dict, tb: dict, *, names: tuple[
         ca, cb = (ra[k] != 0).astype(np.float64), (rb[k] != 0).astype(np.float64)
         gap = float(cb.mean() - ca.mean())
         lean = (np.abs(rb[k]) - np.abs(ra[k])) * (1 if gap >= 0 else -1)
-        ex = [k[p] for p in np.argsort(-lean, kind="stable")[:examples] if lean[p] > 0]
+        ex = _examples(k, lean, rows, examples)
         stats.append(WordStat(str(w), int(c), int(len(np.unique(img[k]))), float(ca.mean()), float(cb.mean()),
                               float(sa[k].mean()), float(sb[k].mean()), float(ra[k].mean()), float(rb[k].mean()), gap,
                               _clustered_ci(cb - ca, img[k]),

@@ -398,8 +398,9 @@ def test_build_ui_has_its_tabs_and_wires_each_event(svc, caption):
     html = fn("bl", caption["text"], caption, 5)
     assert html.count('<figure class="ltd-card') == 5 and "ltd-card gt" in html
     dep, ins, outs, fn = _dependency(blocks, "cmp_text")
-    assert "compare-text" in ins and outs == ["compare-results"]
-    assert fn("bl", "ltd", caption["text"], caption, 5).count('<section class="ltd-col">') == 2
+    assert "compare-text" in ins and outs == ["compare-results", "compare-explain", "compare-share"]
+    html, attr, state = fn("bl", "ltd", caption["text"], caption, 5)
+    assert html.count('<section class="ltd-col">') == 2 and "ltd-attr" in attr and f"cid={caption['id']}" in state
     dep, ins, outs, fn = _dependency(blocks, "upload_image")
     assert fn("bl", "/etc/passwd", 5)[1].count("only images uploaded through this page") == 1
     dep, ins, outs, _ = _dependency(blocks, "open_in_compare")

@@ -7,7 +7,8 @@ The FastAPI app mounts it and hands it everything it needs (it imports neither `
     gr.mount_gradio_app(app, blocks, path="/ui", theme=THEME, css=CSS)
 
 While the models load, a timer polls every 2 s and fills the header, the example captions and the
-image pickers as soon as they are ready.
+image pickers as soon as they are ready. The page's URL carries what is shown (ui/share.py): a link
+to it reopens the same tab, models, query and k.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from collections.abc import Callable
 import gradio as gr
 
 from search import SearchService
-from ui import inputs
+from ui import inputs, share
 from ui.context import UIContext, UILimits
 from ui.render import header_html, inline_thumbs
 from ui.tabs import caption, compare, explorer, search, training
@@ -41,7 +42,7 @@ def build_ui(service: SearchService, *, limits: UILimits | None = None,
         with gr.Tabs(elem_id="ltd-tabs") as tabs:
             s = search.build(ctx)
             c = compare.build(ctx)
-            explorer.build(ctx, c, tabs)
+            x = explorer.build(ctx, c, tabs)
             cap_gallery, cap_ids = caption.build(ctx)
             training.build(ctx)
 
@@ -62,4 +63,29 @@ def build_ui(service: SearchService, *, limits: UILimits | None = None,
                    s.gallery_ids, c.gallery, c.gallery_ids, cap_gallery, cap_ids]
         demo.load(on_load, [s.model, c.a], outputs)
         timer.tick(on_load, [s.model, c.a], outputs)
+        _share(ctx, demo, tabs, c, x)
     return demo
+
+
+def _share(ctx: UIContext, demo: gr.Blocks, tabs: gr.Tabs, c: compare.CompareTab, x: explorer.ExplorerTab) -> None:
+    """A shared link reopens what it names (ui/share.py): the page hands its query string over on load."""
+    url = gr.Textbox(visible=False, elem_id="ltd-url")
+
+    def open_url(search: str):
+        state = share.read(search, ctx.names, inputs.K_CHOICES)
+        if state.tab is None:
+            return {}
+        upd = {tabs: gr.Tabs(selected=state.tab)}
+        if not ctx.service.ready.wait(timeout=120) or ctx.pair is None or state.tab not in ("compare", "explorer"):
+            return upd
+        a, b = state.a or ctx.first_pair[0], state.b or ctx.first_pair[1]
+        if state.tab == "explorer":
+            return upd | explorer.restored(ctx, x, c.share, a, b, state.view, state.word)
+        q = state.query()
+        if q is None:
+            return upd | {c.a: a, c.b: b, c.k: state.k or 10}
+        return upd | compare.opened(c, tabs, ctx, a, b, state.k or 10, q, state.ex)
+
+    targets = list(dict.fromkeys([*c.open_targets(tabs), *x.restore_targets(c.share)]))
+    demo.load(open_url, [url], targets, js=share.READ_JS)
+    tabs.select(None, None, None, js=share.TAB_JS)

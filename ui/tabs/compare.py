@@ -1,5 +1,8 @@
 """The Compare tab: one query on two models side by side, ground truth ✓ green / ✗ red, the first
-ground-truth rank, P@5 and nDCG per model, and ◆ on what only one model retrieved."""
+ground-truth rank, P@5 and nDCG per model, and ◆ on what only one model retrieved. Above the
+rankings, for a text query: its words shaded by what each contributes to one image under each model
+(the caption's own image, model A's top result, or a result image the user clicks), and a sentence
+on the word the two models treat most differently. What is shown is mirrored in the page URL."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,9 +10,10 @@ from typing import Any
 
 import gradio as gr
 
-from search import BadRequest, SearchError, SearchService
-from ui import inputs, widgets
+from search import BadRequest, NotReady, SearchError, SearchService
+from ui import inputs, share, widgets
 from ui.context import UIContext, UILimits
+from ui.explain_render import attribution_html
 from ui.render import (
     ThumbSrc,
     caption_list_html,
@@ -73,6 +77,41 @@ def compare_image(service: SearchService, a: str, b: str, image_id: Any, upload_
     return compare(service, a, b, q, k, thumbs)
 
 
+def explain_panel(service: SearchService, a: str, b: str, query: dict, thumbs: ThumbSrc,
+                  image_id: int | None = None) -> tuple[str, int | None]:
+    """(HTML, explained image id) of the word attributions of a text query under both models: for the
+    image ``image_id`` (a clicked result), else the caption's own image, else model a's top result."""
+    if "query" not in query and "caption_id" not in query or len(service.names) < 2 or not a or not b or a == b:
+        return "", None
+    try:
+        why = "picked from the results"
+        if image_id is None and "query" in query:
+            top = service.search_text(a, query=query["query"], k=1).hits
+            if not top:
+                return "", None
+            image_id, why = top[0].id, f"{a}'s top result"
+        elif image_id is None:
+            why = "the caption's own image"
+        ex = service.explain([a, b], image_id=image_id, **query)
+        kinds = {n: model_label(service, n)["kind"] for n in (a, b)}
+        return attribution_html(ex, thumbs, kinds=kinds, why=why), ex.image_id
+    except NotReady as e:
+        return notice(f"Models are still loading: {e.detail}.", "loading"), None
+    except SearchError as e:
+        return notice(f"No word attributions: {e.detail}", "info"), None
+
+
+def compare_view(service: SearchService, a: str, b: str, query: dict | None, k: Any, thumbs: ThumbSrc,
+                 explain_image: int | None = None) -> tuple[str, str, str]:
+    """(results HTML, attributions HTML, URL state) of one comparison; ``query`` None shows the notice of
+    why there is none."""
+    if query is None:
+        return EMPTY_COMPARE, "", share.compare_state(a, b, k, None)
+    html = compare(service, a, b, query, k, thumbs)
+    attr, shown = explain_panel(service, a, b, query, thumbs, explain_image)
+    return html, attr, share.compare_state(a, b, inputs.parse_k(k), query, shown)
+
+
 @dataclass
 class CompareTab:
     """What the page's load event fills, and what the Explorer sets when it opens a query here."""
@@ -92,6 +131,57 @@ class CompareTab:
     examples_state: gr.State
     gallery: gr.Gallery
     gallery_ids: gr.State
+    explain_out: gr.HTML
+    share: gr.Textbox  # the URL state of what is shown (ui/share.py); hidden
+
+    def open_targets(self, tabs: gr.Tabs) -> list:
+        """Every component ``opened`` may set."""
+        return [tabs, self.a, self.b, self.k, self.kind, self.text_panel, self.img_panel, self.text, self.picked,
+                self.img_id, self.upload, self.out, self.explain_out, self.share]
+
+
+def opened(t: CompareTab, tabs: gr.Tabs, ctx: UIContext, a: str, b: str, k: Any, query: dict,
+           explain_image: int | None = None) -> dict:
+    """Updates that switch to Compare with ``query`` filled in and already compared (Explorer clicks,
+    shared links)."""
+    html, attr, state = compare_view(ctx.service, a, b, query, k, ctx.thumbs, explain_image)
+    text_mode = "image_id" not in query
+    upd = {tabs: gr.Tabs(selected="compare"), t.a: a, t.b: b, t.k: inputs.parse_k(k), t.kind: "text" if text_mode else "image",
+           t.text_panel: gr.Column(visible=text_mode), t.img_panel: gr.Row(visible=not text_mode),
+           t.out: html, t.explain_out: attr, t.share: state}
+    if "caption_id" in query:
+        try:
+            text = ctx.service.caption(a, query["caption_id"])["text"]
+        except SearchError:
+            text = ""
+        upd |= {t.text: text, t.picked: {"id": query["caption_id"], "text": text}}
+    elif "query" in query:
+        upd |= {t.text: query["query"], t.picked: None}
+    else:
+        upd |= {t.img_id: str(query["image_id"]), t.upload: None}
+    return upd
+
+
+CARD_JS = """element.addEventListener('click', (ev) => {
+  const card = ev.target.closest('.ltd-card[data-image-id]');
+  if (card) trigger('pick', {iid: card.dataset.imageId});
+});"""
+"""A click on a result image (text → image) explains that image instead."""
+
+
+def explain_picked(ctx: UIContext, a: str, b: str, text: str, picked: dict | None, k: Any, kind: str,
+                   data: dict) -> tuple:
+    """(attributions, URL state) after a click on a result image (``data``: the browser's {"iid": …}): the
+    text query explained for that image."""
+    try:
+        iid = inputs.parse_id(data.get("iid"), "image id")
+        q = inputs.text_query(text, picked)
+    except (SearchError, AttributeError):
+        return gr.skip(), gr.skip()
+    if kind != "text" or iid is None:
+        return gr.skip(), gr.skip()
+    attr, shown = explain_panel(ctx.service, a, b, q, ctx.thumbs, iid)
+    return attr, share.compare_state(a, b, inputs.parse_k(k), q, shown)
 
 
 def build(ctx: UIContext) -> CompareTab:
@@ -101,6 +191,7 @@ def build(ctx: UIContext) -> CompareTab:
         if not pair:
             gr.HTML(need_two_notice(ctx.service))
         picked, examples_state, gallery_ids = gr.State(None), gr.State([]), gr.State([])
+        share_box = gr.Textbox(visible=False, elem_id="compare-share")
         with gr.Row(elem_classes="ltd-controls", visible=bool(pair)):
             a = gr.Dropdown(names, value=a0, label="Model A", scale=2, min_width=120)
             swap = gr.Button("⇄", scale=0, min_width=48, elem_id="compare-swap", elem_classes="ltd-swap")
@@ -118,46 +209,55 @@ def build(ctx: UIContext) -> CompareTab:
             gallery = gr.Gallery(label="…or click a dataset image", columns=8, height=None, scale=3,
                                  allow_preview=False, object_fit="cover", elem_classes="ltd-picker",
                                  elem_id="compare-gallery")
-        out = gr.HTML(EMPTY_COMPARE if pair else "", elem_id="compare-results")
+        explain_out = gr.HTML("", elem_id="compare-explain")
+        out = gr.HTML(EMPTY_COMPARE if pair else "", elem_id="compare-results", js_on_load=CARD_JS)
     tab = CompareTab(a, b, k, kind, text_panel, img_panel, text, picked, img_id, upload, out, examples,
-                     examples_state, gallery, gallery_ids)
+                     examples_state, gallery, gallery_ids, explain_out, share_box)
     _wire(ctx, tab, go, rand, img_go, swap)
     return tab
 
 
 def _wire(ctx: UIContext, t: CompareTab, go, rand, img_go, swap) -> None:
     """Events. The Query radio says which input the shown result came from, so changing a model or k
-    re-runs it."""
+    re-runs it. Every event that changes what is shown also writes its URL state (``t.share``)."""
     svc, src, max_bytes = ctx.service, ctx.thumbs, ctx.limits.max_upload_bytes
 
-    def cmp_text(a, b, text, picked, k):
-        return compare_text(svc, a, b, text, picked, k, src)
+    def cmp_text(a, b, text, picked, k, image=None):
+        try:
+            q = inputs.text_query(text, picked)
+        except SearchError as e:
+            return notice(e.detail, "error"), "", gr.skip()
+        return compare_view(svc, a, b, q, k, src, image)
+
+    def cmp_image(a, b, image_id, upload, k):
+        try:
+            q = inputs.image_query(image_id, upload, max_bytes)
+        except SearchError as e:
+            return notice(e.detail, "error"), "", gr.skip()
+        return compare_view(svc, a, b, q, k, src)
 
     def cmp_rand(a, b, k, current):
         try:
             c = inputs.random_caption(svc, a, exclude=(current or {}).get("id"))
         except SearchError as e:
-            return gr.skip(), gr.skip(), notice(e.detail, "error")
-        return c["text"], c, cmp_text(a, b, c["text"], c, k)
+            return gr.skip(), gr.skip(), notice(e.detail, "error"), "", gr.skip()
+        return c["text"], c, *cmp_text(a, b, c["text"], c, k)
 
     def cmp_example(idx, examples, a, b, k):
         if idx is None or not 0 <= idx < len(examples):
-            return gr.skip(), gr.skip(), gr.skip()
+            return (gr.skip(),) * 5
         c = examples[idx]
-        return c["text"], c, cmp_text(a, b, c["text"], c, k)
-
-    def cmp_image(a, b, image_id, upload, k):
-        return compare_image(svc, a, b, image_id, upload, k, src, max_bytes)
+        return c["text"], c, *cmp_text(a, b, c["text"], c, k)
 
     def cmp_pick(ids, a, b, k, evt: gr.SelectData):
         if evt.index is None or not 0 <= evt.index < len(ids):
-            return gr.skip(), gr.skip(), gr.skip()
-        return str(ids[evt.index]), None, cmp_image(a, b, ids[evt.index], None, k)
+            return (gr.skip(),) * 5
+        return str(ids[evt.index]), None, *cmp_image(a, b, ids[evt.index], None, k)
 
     def cmp_upload(a, b, upload, k):
         if not upload:
-            return gr.skip(), gr.skip()
-        return "", cmp_image(a, b, None, upload, k)
+            return (gr.skip(),) * 4
+        return "", *cmp_image(a, b, None, upload, k)
 
     def cmp_last(a, b, text, picked, image_id, upload, k, kind):
         """Re-run the shown compare after a model/k change, if there is one."""
@@ -165,23 +265,29 @@ def _wire(ctx: UIContext, t: CompareTab, go, rand, img_go, swap) -> None:
             return cmp_text(a, b, text, picked, k)
         if kind == "image" and (upload or (image_id or "").strip()):
             return cmp_image(a, b, image_id, upload, k)
-        return gr.skip()
+        return gr.skip(), gr.skip(), gr.skip()
 
     def cmp_swap(a, b, *rest):
-        return b, a, cmp_last(b, a, *rest)
+        return b, a, *cmp_last(b, a, *rest)
 
+    def explain_clicked(a, b, text, picked, k, kind, evt: gr.EventData):
+        return explain_picked(ctx, a, b, text, picked, k, kind, getattr(evt, "_data", None) or {})
+
+    shown = [t.out, t.explain_out, t.share]
     t.kind.change(lambda kind: (gr.Column(visible=kind == "text"), gr.Row(visible=kind == "image")), t.kind,
                   [t.text_panel, t.img_panel])
-    go.click(cmp_text, [t.a, t.b, t.text, t.picked, t.k], t.out)
-    t.text.submit(cmp_text, [t.a, t.b, t.text, t.picked, t.k], t.out)
-    rand.click(cmp_rand, [t.a, t.b, t.k, t.picked], [t.text, t.picked, t.out])
-    t.examples.click(cmp_example, [t.examples, t.examples_state, t.a, t.b, t.k], [t.text, t.picked, t.out])
-    img_go.click(cmp_image, [t.a, t.b, t.img_id, t.upload, t.k], t.out)
-    t.img_id.submit(lambda a, b, i, k: (None, cmp_image(a, b, i, None, k)), [t.a, t.b, t.img_id, t.k],
-                    [t.upload, t.out])
-    t.gallery.select(cmp_pick, [t.gallery_ids, t.a, t.b, t.k], [t.img_id, t.upload, t.out])
-    t.upload.upload(cmp_upload, [t.a, t.b, t.upload, t.k], [t.img_id, t.out])
+    go.click(cmp_text, [t.a, t.b, t.text, t.picked, t.k], shown)
+    t.text.submit(cmp_text, [t.a, t.b, t.text, t.picked, t.k], shown)
+    rand.click(cmp_rand, [t.a, t.b, t.k, t.picked], [t.text, t.picked, *shown])
+    t.examples.click(cmp_example, [t.examples, t.examples_state, t.a, t.b, t.k], [t.text, t.picked, *shown])
+    img_go.click(cmp_image, [t.a, t.b, t.img_id, t.upload, t.k], shown)
+    t.img_id.submit(lambda a, b, i, k: (None, *cmp_image(a, b, i, None, k)), [t.a, t.b, t.img_id, t.k],
+                    [t.upload, *shown])
+    t.gallery.select(cmp_pick, [t.gallery_ids, t.a, t.b, t.k], [t.img_id, t.upload, *shown])
+    t.upload.upload(cmp_upload, [t.a, t.b, t.upload, t.k], [t.img_id, *shown])
     last_inputs = [t.a, t.b, t.text, t.picked, t.img_id, t.upload, t.k, t.kind]
     for comp in (t.a, t.b, t.k):
-        comp.input(cmp_last, last_inputs, t.out)
-    swap.click(cmp_swap, last_inputs, [t.a, t.b, t.out])
+        comp.input(cmp_last, last_inputs, shown)
+    swap.click(cmp_swap, last_inputs, [t.a, t.b, *shown])
+    t.out.pick(explain_clicked, [t.a, t.b, t.text, t.picked, t.k, t.kind], [t.explain_out, t.share])
+    t.share.change(None, t.share, None, js=share.SYNC_JS)

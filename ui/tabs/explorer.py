@@ -1,5 +1,12 @@
-"""The Explorer tab: test queries sorted by how much two models disagree on the rank of the first
-ground truth, filterable by direction and winner; a click opens the query in Compare."""
+"""The Explorer tab, three views of two models over the whole test split:
+
+- Queries: test queries sorted by how much the models disagree on the rank of the first ground
+  truth, filterable by direction and winner;
+- Words: the words one model uses and the other ignores (every caption's words removed in turn,
+  search/word_usage.py), each with example captions;
+- Map: both models' images and captions in 2-D (PCA), coloured by disagreement or by a word.
+
+A click on a row, an example or a point opens that query in Compare."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,9 +16,16 @@ import gradio as gr
 import pandas as pd
 
 from search import BadRequest, NotReady, SearchError, SearchService
+from ui import inputs, share
 from ui.context import UIContext
+from ui.explain_render import CLICK_JS, maps_html, words_html
 from ui.render import ThumbSrc, esc, need_two_notice, notice
 from ui.tabs import compare as compare_tab
+
+# the progress bar of the words and map views (their first computation is a split-wide pass): Gradio
+# finds it as a parameter's default and uses that very object for every call, so one module-level
+# instance is what a default written in each signature would be
+PROGRESS = gr.Progress(track_tqdm=True)
 
 EXPLORER_HEADERS = ["dir", "id", "query", "rank A", "rank B", "P@5 A", "P@5 B", "nDCG A", "nDCG B", "better", "Δ"]
 """Δ = |log2(rank A / rank B)| of the first ground truth: 1 means one model ranks it twice as high."""
@@ -91,9 +105,107 @@ def winner_choices(a: str, b: str) -> list[tuple[str, str]]:
     return [("any", "any"), (f"{a} better", "a"), (f"{b} better", "b"), ("tie", "tie")]
 
 
+def words_view(service: SearchService, a: str, b: str, min_count: Any = 5, top: Any = 15,
+               show_progress: bool = False) -> str:
+    """The words view: what each model uses and the other ignores over the whole split."""
+    if len(service.names) < 2:
+        return need_two_notice(service) or ""
+    if not a or not b or a == b:
+        return notice("Pick two different models.", "error")
+    try:
+        u = service.explainer.word_usage(a, b, min_count=int(min_count or 5), show_progress=show_progress)
+    except NotReady as e:
+        return notice(f"Models are still loading: {e.detail}.", "loading")
+    except SearchError as e:
+        return notice(e.detail, "error")
+    return words_html(u, top=int(top or 15))
+
+
+def map_view(service: SearchService, a: str, b: str, color_by: str = "disagreement", word: str = "") -> str:
+    if len(service.names) < 2:
+        return need_two_notice(service) or ""
+    if not a or not b or a == b:
+        return notice("Pick two different models.", "error")
+    try:
+        return maps_html(service, a, b, color_by=color_by, word=(word or "")[:100])
+    except NotReady as e:
+        return notice(f"Models are still loading: {e.detail}.", "loading")
+    except SearchError as e:
+        return notice(e.detail, "error")
+
+
+def clicked_query(evt: gr.EventData) -> dict | None:
+    """The Compare query of a click on a words example or a map point ({"caption_id"} or {"image_id"});
+    the event's data comes from the browser, so anything but a whole number is ignored."""
+    data = getattr(evt, "_data", None) or {}
+    try:
+        cid = inputs.parse_id(data.get("cid"), "caption id")
+        iid = inputs.parse_id(data.get("iid"), "image id")
+    except (SearchError, AttributeError):
+        return None
+    return {"caption_id": cid} if cid is not None else {"image_id": iid} if iid is not None else None
+
+
 @dataclass
 class ExplorerTab:
     tab: gr.Tab
+    a: gr.Dropdown
+    b: gr.Dropdown
+    view: gr.Radio
+    panels: dict  # view → its gr.Column
+    direction: gr.Radio
+    win: gr.Radio
+    limit: gr.Dropdown
+    table: gr.Dataframe
+    rows: gr.State
+    summary: gr.HTML
+    min_count: gr.Dropdown
+    top: gr.Dropdown
+    words_out: gr.HTML
+    color: gr.Radio
+    word: gr.Textbox
+    map_out: gr.HTML
+
+    @property
+    def view_inputs(self) -> list:
+        return [self.view, self.a, self.b, self.min_count, self.top, self.color, self.word]
+
+    def view_outputs(self, share_box: gr.Textbox) -> list:
+        return [*self.panels.values(), self.words_out, self.map_out, share_box]
+
+    def restore_targets(self, share_box: gr.Textbox) -> list:
+        return [self.a, self.b, self.view, self.color, self.word, self.win, self.table, self.rows, self.summary,
+                *self.view_outputs(share_box)]
+
+
+def queries_update(ctx: UIContext, t: ExplorerTab, a: str, b: str, direction: str = "both", winner: str = "any",
+                   limit: Any = 200) -> dict:
+    cells, raw, text = explorer(ctx.service, a, b, direction, winner, int(limit or 200), thumbs=ctx.thumbs)
+    return {t.table: pd.DataFrame(cells, columns=explorer_headers(a, b)), t.rows: raw, t.summary: text}
+
+
+def view_update(ctx: UIContext, t: ExplorerTab, share_box: gr.Textbox, view: str, a: str, b: str, min_count: Any = 5,
+                top: Any = 15, color: str = "disagreement", word: str = "") -> dict:
+    """Show ``view`` and fill it (the words of a split are computed once per index; tqdm feeds the page's
+    progress bar meanwhile); the URL state follows."""
+    upd: dict = {p: gr.Column(visible=v == view) for v, p in t.panels.items()}
+    if view == "words":
+        upd[t.words_out] = words_view(ctx.service, a, b, min_count, top, show_progress=True)
+    elif view == "map":
+        upd[t.map_out] = map_view(ctx.service, a, b, color, word)
+    upd[share_box] = share.write("explorer", a=a, b=b, view=view,
+                                 word=(word or None) if view == "map" and color == "word" else None)
+    return upd
+
+
+def restored(ctx: UIContext, t: ExplorerTab, share_box: gr.Textbox, a: str, b: str, view: str | None,
+             word: str | None) -> dict:
+    """The Explorer as a shared link names it: models, view and map word, everything filled."""
+    color = "word" if word else "disagreement"
+    return ({t.a: a, t.b: b, t.view: view or "queries", t.color: color, t.word: word or "",
+             t.win: gr.Radio(choices=winner_choices(a, b), value="any")}
+            | queries_update(ctx, t, a, b) | view_update(ctx, t, share_box, view or "queries", a, b, color=color,
+                                                         word=word or ""))
 
 
 def build(ctx: UIContext, compare: compare_tab.CompareTab, tabs: gr.Tabs) -> ExplorerTab:
@@ -106,51 +218,77 @@ def build(ctx: UIContext, compare: compare_tab.CompareTab, tabs: gr.Tabs) -> Exp
         with gr.Row(elem_classes="ltd-controls", visible=bool(pair)):
             a = gr.Dropdown(names, value=a0, label="Model A", scale=1, min_width=110)
             b = gr.Dropdown(names, value=b0, label="Model B", scale=1, min_width=110)
-            direction = gr.Radio([("both", "both"), ("text → image", "t2i"), ("image → text", "i2t")], value="both",
-                                 label="Direction", scale=3, min_width=330)
-            win = gr.Radio(winner_choices(a0, b0), value="any", label="Which model ranks the ground truth higher",
-                           scale=4)
-            limit = gr.Dropdown([50, 200, 1000], value=200, label="Rows", scale=1, min_width=80)
-        summary = gr.HTML("", elem_id="explorer-summary")
-        table = gr.Dataframe(headers=explorer_headers(a0, b0), interactive=False, wrap=True, max_height=560,
-                             elem_id="explorer-table", visible=bool(pair),
-                             datatype=["str", "number", "html"] + ["number"] * 6 + ["str", "number"],
-                             column_widths=["5%", "5%", "39%"] + ["6.5%"] * 6 + ["7%", "5%"])
-    _wire(ctx, tab, compare, tabs, a, b, direction, win, limit, summary, table, rows)
-    return ExplorerTab(tab)
+            view = gr.Radio([("Queries", "queries"), ("Words", "words"), ("Map", "map")], value="queries",
+                            label="Show", scale=2, min_width=220, elem_id="explorer-view")
+        with gr.Column(visible=bool(pair)) as queries:
+            with gr.Row(elem_classes="ltd-controls"):
+                direction = gr.Radio([("both", "both"), ("text → image", "t2i"), ("image → text", "i2t")],
+                                     value="both", label="Direction", scale=3, min_width=330)
+                win = gr.Radio(winner_choices(a0, b0), value="any", label="Which model ranks the ground truth higher",
+                               scale=4)
+                limit = gr.Dropdown([50, 200, 1000], value=200, label="Rows", scale=1, min_width=80)
+            summary = gr.HTML("", elem_id="explorer-summary")
+            table = gr.Dataframe(headers=explorer_headers(a0, b0), interactive=False, wrap=True, max_height=560,
+                                 elem_id="explorer-table",
+                                 datatype=["str", "number", "html"] + ["number"] * 6 + ["str", "number"],
+                                 column_widths=["5%", "5%", "39%"] + ["6.5%"] * 6 + ["7%", "5%"])
+        with gr.Column(visible=False) as words:
+            with gr.Row(elem_classes="ltd-controls"):
+                min_count = gr.Dropdown([3, 5, 10, 20], value=5, label="Words seen at least", scale=1, min_width=120)
+                top = gr.Dropdown([15, 30, 60], value=15, label="Words per list", scale=1, min_width=120)
+            words_out = gr.HTML("", elem_id="explorer-words", js_on_load=CLICK_JS)
+        with gr.Column(visible=False) as maps:
+            with gr.Row(elem_classes="ltd-controls"):
+                color = gr.Radio([("disagreement", "disagreement"), ("a word", "word")], value="disagreement",
+                                 label="Colour by", scale=2, min_width=220, elem_id="explorer-map-color")
+                word = gr.Textbox(label="Word (Enter)", placeholder="e.g. red", scale=2, max_lines=1, max_length=100,
+                                  elem_id="explorer-map-word")
+            map_out = gr.HTML("", elem_id="explorer-map", js_on_load=CLICK_JS)
+    t = ExplorerTab(tab, a, b, view, {"queries": queries, "words": words, "map": maps}, direction, win, limit, table,
+                    rows, summary, min_count, top, words_out, color, word, map_out)
+    _wire(ctx, t, compare, tabs)
+    return t
 
 
-def _wire(ctx: UIContext, tab, c: compare_tab.CompareTab, tabs, a, b, direction, win, limit, summary, table,
-          rows) -> None:
-    svc, src = ctx.service, ctx.thumbs
-
+def _wire(ctx: UIContext, t: ExplorerTab, c: compare_tab.CompareTab, tabs: gr.Tabs) -> None:
     def run_explorer(a, b, direction, winner, limit):
-        cells, raw, text = explorer(svc, a, b, direction, winner, int(limit or 200), thumbs=src)
-        return pd.DataFrame(cells, columns=explorer_headers(a, b)), raw, text
+        return queries_update(ctx, t, a, b, direction, winner, limit)
 
     def explorer_models(a, b, direction, winner, limit):
-        df, raw, text = run_explorer(a, b, direction, winner, limit)
-        return gr.Radio(choices=winner_choices(a, b), value="any" if a == b else winner), df, raw, text
+        return {t.win: gr.Radio(choices=winner_choices(a, b), value="any" if a == b else winner)} | run_explorer(
+            a, b, direction, winner, limit)
 
     def open_in_compare(rows, a, b, k, evt: gr.SelectData):
         """Explorer row → Compare tab, with the query filled in and the comparison already run."""
         try:
             q = explorer_pick(rows, evt.index, evt.row_value)
         except (SearchError, ValueError, TypeError, IndexError) as e:
-            return [gr.skip()] * 10 + [notice(e.detail if isinstance(e, SearchError) else str(e), "error")]
-        if q["direction"] == "t2i":
-            out = compare_tab.compare(svc, a, b, {"caption_id": q["caption_id"]}, k, src)
-            return (gr.Tabs(selected="compare"), a, b, "text", gr.Column(visible=True), gr.Row(visible=False),
-                    q["text"], {"id": q["caption_id"], "text": q["text"]}, gr.skip(), gr.skip(), out)
-        out = compare_tab.compare(svc, a, b, {"image_id": q["image_id"]}, k, src)
-        return (gr.Tabs(selected="compare"), a, b, "image", gr.Column(visible=False), gr.Row(visible=True),
-                gr.skip(), gr.skip(), str(q["image_id"]), None, out)
+            return {c.out: notice(e.detail if isinstance(e, SearchError) else str(e), "error")}
+        q = {"caption_id": q["caption_id"]} if q["direction"] == "t2i" else {"image_id": q["image_id"]}
+        return compare_tab.opened(c, tabs, ctx, a, b, k, q)
 
-    ex_inputs = [a, b, direction, win, limit]
-    tab.select(run_explorer, ex_inputs, [table, rows, summary])
-    for comp in (direction, win, limit):
-        comp.input(run_explorer, ex_inputs, [table, rows, summary])
-    for comp in (a, b):
-        comp.input(explorer_models, ex_inputs, [win, table, rows, summary])
-    table.select(open_in_compare, [rows, a, b, c.k],
-                 [tabs, c.a, c.b, c.kind, c.text_panel, c.img_panel, c.text, c.picked, c.img_id, c.upload, c.out])
+    def open_clicked(a, b, k, evt: gr.EventData):
+        q = clicked_query(evt)
+        return compare_tab.opened(c, tabs, ctx, a, b, k, q) if q else {}
+
+    def show_view(view, a, b, min_count, top, color, word, progress=PROGRESS):
+        return view_update(ctx, t, c.share, view, a, b, min_count, top, color, word)
+
+    def show_word(view, a, b, min_count, top, color, word, progress=PROGRESS):
+        """Enter in the word box: colour the map by that word."""
+        return {t.color: "word"} | view_update(ctx, t, c.share, "map", a, b, min_count, top, "word", word)
+
+    queries = [t.table, t.rows, t.summary]
+    ex_inputs = [t.a, t.b, t.direction, t.win, t.limit]
+    t.tab.select(run_explorer, ex_inputs, queries)
+    for comp in (t.direction, t.win, t.limit):
+        comp.input(run_explorer, ex_inputs, queries)
+    for comp in (t.a, t.b):
+        comp.input(explorer_models, ex_inputs, [t.win, *queries])
+        comp.input(show_view, t.view_inputs, t.view_outputs(c.share))
+    for comp in (t.view, t.min_count, t.top, t.color):
+        comp.input(show_view, t.view_inputs, t.view_outputs(c.share))
+    t.word.submit(show_word, t.view_inputs, [t.color, *t.view_outputs(c.share)])
+    t.table.select(open_in_compare, [t.rows, t.a, t.b, c.k], c.open_targets(tabs))
+    for out in (t.words_out, t.map_out):
+        out.open(open_clicked, [t.a, t.b, c.k], c.open_targets(tabs))
