@@ -217,7 +217,8 @@ def usage_markdown(u: WordUsage, top: int = 15) -> str:
                "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for w in rows:
             mark = "" if w.shown else " ⁿˢ"
-            out.append(f"| {w.word} | {w.n} | {w.a_changed:.0%} | {w.b_changed:.0%} | {w.gap:+.0%} ± {w.gap_ci:.0%}{mark} "
+            ci = f"± {w.gap_ci:.0%}" if np.isfinite(w.gap_ci) else "(one image: no interval)"
+            out.append(f"| {w.word} | {w.n} | {w.a_changed:.0%} | {w.b_changed:.0%} | {w.gap:+.0%} {ci}{mark} "
                        f"| {w.a_delta_score:+.4f} | {w.b_delta_score:+.4f} | {w.a_delta_rank:+.1f} | {w.b_delta_rank:+.1f} |")
         return out + [""] if rows else out + ["(none)", ""]
 

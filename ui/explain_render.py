@@ -118,14 +118,14 @@ def _word_list(title: str, rows: list[WordStat], u: WordUsage) -> str:
     return f'<div class="ltd-wordcol"><h4>{esc(title)}</h4><ol class="ltd-words">{body}</ol></div>'
 
 
-def words_html(u: WordUsage, top: int = 15) -> str:
+def words_html(u: WordUsage, top: int = 15, clickable: bool = True) -> str:
     """The Explorer's words view: what b uses and a ignores, and the reverse, with example queries."""
     a, b = esc(u.a), esc(u.b)
     head = (f'<div class="ltd-explorer-sum"><span class="ltd-muted">Every caption of the split with its own image: '
             f'each word removed in turn ({u.occurrences:,} occurrences in {u.captions:,} captions; words seen at least '
             f'{u.min_count}×). Bars: how often removing the word changes the image\'s rank under '
             f'<b class="ltd-m0">{a}</b> / <b class="ltd-m1">{b}</b>; the gap has a 95% interval clustered by image '
-            '(ns: includes 0). Click an example to open it in Compare.</span></div>')
+            '(ns: includes 0).' + (' Click an example to open it in Compare.' if clickable else '') + '</span></div>')
     cols = (_word_list(f"Words {u.b} uses and {u.a} ignores", u.b_uses(top), u)
             + _word_list(f"Words {u.a} uses and {u.b} ignores", u.a_uses(top), u))
     return f'{head}<div class="ltd-wordcols">{cols}</div>'

@@ -1,4 +1,4 @@
-"""`ltd index`, `ltd eval`, `ltd compare`."""
+"""`ltd index`, `ltd eval`, `ltd probe` (`ltd compare` is app/cli/compare.py)."""
 from __future__ import annotations
 
 import argparse
@@ -53,14 +53,6 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     q.add_argument("--ndcg-k", type=int, default=25)
     q.add_argument("--no-progress", action="store_true")
     q.set_defaults(func=cmd_eval)
-
-    c = sub.add_parser("compare", parents=[common], help="per-query disagreement table between two models on the same split")
-    c.add_argument("--index", action="append", required=True, help="two index directories: A then B")
-    c.add_argument("--top", type=int, default=20, help="rows in the markdown table")
-    c.add_argument("--direction", choices=("both", "t2i", "i2t"), default="both")
-    c.add_argument("--no-relevance", action="store_true", help="skip nDCG (no ROUGE-L computation)")
-    c.add_argument("--csv", help="also write every row to this CSV file")
-    c.set_defaults(func=cmd_compare)
 
     r = sub.add_parser("probe", parents=[common],
                        help="how much of each caption's sentence embedding a model's caption and image embeddings hold "
@@ -150,21 +142,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     jp, mp = write_report(ix, report)
     print(render_markdown(report))
     print(f"wrote {jp} and {mp}")
-    return 0
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    from indexer.disagreement import compare_indexes, to_csv, to_markdown
-    from indexer.index import load_index_dir
-
-    if len(args.index) != 2:
-        raise UserValueError("compare needs exactly two --index arguments (A then B)")
-    a, b = (load_index_dir(p) for p in args.index)
-    dirs = ("t2i", "i2t") if args.direction == "both" else (args.direction,)
-    rows = compare_indexes(a, b, relevance=not args.no_relevance, directions=dirs)
-    if args.csv:
-        Path(args.csv).write_text(to_csv(rows))
-    print(to_markdown(rows, a.name, b.name, top=args.top))
     return 0
 
 
