@@ -41,6 +41,12 @@ class Explainer:
         with self._guard:
             return self._locks.setdefault(key, threading.Lock())
 
+    def clear(self) -> None:
+        """Forget the split tables and maps held in memory (the files next to the indexes stay)."""
+        with self._guard:
+            self._tables.clear()
+            self._maps.clear()
+
     def encode(self, e: ModelEntry) -> Callable[[list[str]], np.ndarray]:
         """A batch text encoder for model ``e`` (every text in one call; no cache, no batcher)."""
         return lambda texts: self._encoder.encode_batch(e, texts)
