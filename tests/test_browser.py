@@ -158,3 +158,101 @@ def test_api_docs_render_offline(page, server):
     # ReDoc's bundle links its maker's logo from their site: the one outside request, and decorative
     assert all(u.startswith("https://cdn.redoc.ly/") and u.endswith("logo-mini.svg") for u in blocked), blocked
     ctx.close()
+
+
+# ---- explanations and shared links (issue 40) ------------------------------------------------------
+def _caption_id(tiny_index_pair) -> int:
+    from indexer.index import load_index_dir
+
+    ix = load_index_dir(tiny_index_pair["bl"], verify="counts")
+    return next(int(i) for i, t in zip(ix.captions.ids, ix.captions.meta["texts"]) if len(t.split()) >= 5)
+
+
+def _new_page(page):
+    """A fresh page in its own context (a new visitor following a link)."""
+    pg = page.context.browser.new_page(viewport={"width": 1400, "height": 1000})
+    pg.set_default_timeout(30_000)
+    return pg
+
+
+def _compare_state(pg) -> dict:
+    return {"heads": pg.locator("#compare-results .ltd-col-head h3").all_inner_texts(),
+            "tag": pg.locator("#compare-results .ltd-query .ltd-tag").first.inner_text(),
+            "cards": [c.get_attribute("data-image-id") for c in pg.locator("#compare-results .ltd-card").all()],
+            "words": pg.locator("#compare-explain .ltd-w").all_inner_texts()}
+
+
+def test_a_shared_url_reopens_the_same_comparison(page, server, tiny_index_pair):
+    """A comparison made in the page is mirrored in its URL; that URL, opened in a new page, shows the
+    same tab, models, query, k, rankings and word attributions."""
+    cid = _caption_id(tiny_index_pair)
+    pg = _new_page(page)
+    pg.goto(f"{server}/ui/?tab=compare&a=ltd&b=bl&k=5&cid={cid}", wait_until="load")
+    pg.wait_for_selector("#compare-explain .ltd-attr .ltd-w", timeout=60_000)
+    first = _compare_state(pg)
+    assert first["heads"] == ["ltd", "bl"] and f"#{cid}" in first["tag"] and len(first["cards"]) == 10
+    assert pg.locator('#ltd-tabs button[role="tab"][aria-selected="true"]').inner_text().strip() == "Compare"
+    pg.wait_for_function("() => location.search.includes('ex=')")  # the page wrote the explained image back
+    shared = pg.url
+    assert f"cid={cid}" in shared and "k=5" in shared and "a=ltd" in shared
+    again = _new_page(page)
+    again.goto(shared, wait_until="load")
+    again.wait_for_selector("#compare-explain .ltd-attr .ltd-w", timeout=60_000)
+    assert _compare_state(again) == first
+    again.screenshot(path=str(SHOTS / "shared_url_compare.png"), full_page=True)
+    again.close()
+    pg.close()
+
+
+def test_attribution_shading_and_a_clicked_image(page, server, tiny_index_pair):
+    cid = _caption_id(tiny_index_pair)
+    pg = _new_page(page)
+    pg.goto(f"{server}/ui/?tab=compare&a=bl&b=ltd&k=5&cid={cid}", wait_until="load")
+    pg.wait_for_selector("#compare-explain .ltd-attr .ltd-w", timeout=60_000)
+    rows = pg.locator("#compare-explain .ltd-attr-row")
+    assert rows.count() == 2
+    n_words = rows.nth(0).locator(".ltd-w").count()
+    assert n_words >= 5 and rows.nth(1).locator(".ltd-w").count() == n_words
+    alphas = pg.evaluate("""() => Array.from(document.querySelectorAll('#compare-explain .ltd-w')).map(e =>
+        parseFloat((getComputedStyle(e).backgroundColor.match(/rgba?\\(([^)]+)\\)/)[1].split(',')[3] || '1')))""")
+    assert max(alphas) > 0.8 and len(set(round(a, 2) for a in alphas)) > 2  # shaded, and by degrees
+    assert pg.locator("#compare-explain .ltd-attr-sum li").count() >= 1
+    assert _loaded_images(pg, "#compare-explain .ltd-attr-img", 1) == 1
+    pg.screenshot(path=str(SHOTS / "compare_attributions.png"), full_page=True)
+    before = pg.locator("#compare-explain .ltd-attr-side .ltd-muted").inner_text()
+    other = pg.locator("#compare-results .ltd-col:nth-child(1) .ltd-card:not(.gt)").first
+    other_id = other.get_attribute("data-image-id")
+    other.click()
+    pg.wait_for_function(f"() => location.search.includes('ex={other_id}')", timeout=30_000)
+    after = pg.locator("#compare-explain .ltd-attr-side .ltd-muted").inner_text()
+    assert after != before and f"#{other_id}" in after and "picked from the results" in after
+    pg.close()
+
+
+def test_explorer_words_and_map_views_open_compare(page, server):
+    pg = _new_page(page)
+    pg.goto(f"{server}/ui/?tab=explorer&view=words", wait_until="load")
+    pg.wait_for_selector("#explorer-words .ltd-wordrow", timeout=60_000)
+    heads = pg.locator("#explorer-words .ltd-wordcol h4").all_inner_texts()
+    assert heads == ["Words ltd uses and bl ignores", "Words bl uses and ltd ignores"]
+    pg.screenshot(path=str(SHOTS / "explorer_words.png"), full_page=True)
+    example = pg.locator("#explorer-words a.ltd-ex").first
+    cid = example.get_attribute("data-cid")
+    example.click()
+    pg.wait_for_function(f"() => location.search.includes('cid={cid}')", timeout=30_000)
+    pg.wait_for_selector("#compare-explain .ltd-attr", timeout=30_000)
+    assert f"#{cid}" in pg.locator("#compare-results .ltd-query .ltd-tag").first.inner_text()
+    pg.get_by_role("tab", name="Explorer", exact=True).click()
+    pg.get_by_label("Map", exact=True).check()
+    pg.wait_for_selector("#explorer-map svg circle", timeout=60_000)
+    assert pg.locator("#explorer-map svg").count() == 2
+    pg.wait_for_function("() => location.search.includes('view=map')")
+    pg.screenshot(path=str(SHOTS / "explorer_map.png"), full_page=True)
+    point = pg.locator("#explorer-map svg rect").first
+    iid = point.get_attribute("data-iid")
+    point.click(force=True)
+    pg.wait_for_function(f"() => location.search.includes('img={iid}')", timeout=30_000)
+    pg.wait_for_selector("#compare-results .ltd-col .ltd-cap")
+    assert f"#{iid}" in pg.locator("#compare-results .ltd-query .ltd-tag").first.inner_text()
+    assert not pg.locator("#compare-explain .ltd-attr").count()  # an image query has no words to shade
+    pg.close()

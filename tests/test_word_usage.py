@@ -63,7 +63,7 @@ def _tables(words, ra, rb, sa=None, sb=None, rows=None):
     n = len(words)
     rows = np.arange(n) if rows is None else np.asarray(rows)
     def t(r, s):
-        return {"caption_row": rows.astype(np.int32), "position": np.zeros(n, np.int32), "word": np.array(words),
+        return {"caption_row": rows.astype(np.int32), "position": np.arange(n, dtype=np.int32), "word": np.array(words),
                 "delta_rank": np.asarray(r, np.int32), "delta_score": np.asarray(s if s is not None else r, np.float32),
                 "rank": np.ones(n, np.int32)}
     return t(ra, sa), t(rb, sb)
@@ -86,6 +86,9 @@ def test_compare_usage_aggregates_by_hand(svc):
     assert [w.word for w in u.words] == ["red", "the", "dog"]
     assert compare_usage(ix, ix, ta, tb, min_count=2).words[0].word == "red" and len(
         compare_usage(ix, ix, ta, tb, min_count=2).words) == 1
+    twice = compare_usage(ix, ix, *_tables(["red", "red", "red"], [0, 0, 0], [4, 3, 1], rows=[0, 0, 1]),
+                          min_count=1).words[0]
+    assert [x.caption_id for x in twice.examples] == [int(ix.captions.ids[0]), int(ix.captions.ids[1])]  # one each
     md = usage_markdown(u)
     assert "| red | 4 | 0% | 75% |" in md and "Words B uses and A ignores" in md
 
@@ -164,6 +167,11 @@ def test_embedding_map_and_word_masks(svc):
     ix = svc.entries["ltd"].index
     assert m.images.shape == (len(ix.images.ids), 2) and m.captions.shape == (len(ix.captions.ids), 2)
     assert 0 < m.explained[1] <= m.explained[0] < 1
+    img, cap = np.asarray(ix.images.vectors), np.asarray(ix.captions.vectors)
+    assert m.gap == pytest.approx(float(np.linalg.norm(img.mean(0) - cap.mean(0))), rel=1e-5)
+    # each modality centred on its own mean: both clouds sit around the origin (no modality gap on axis 1)
+    np.testing.assert_allclose(m.images.mean(0), 0, atol=1e-5)
+    np.testing.assert_allclose(m.captions.mean(0), 0, atol=1e-5)
     texts = ix.captions.meta["texts"]
     word = split_words(texts[0])[-1].text
     mask = captions_with_word(ix, word.upper())

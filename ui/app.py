@@ -74,7 +74,7 @@ def _share(ctx: UIContext, demo: gr.Blocks, tabs: gr.Tabs, c: compare.CompareTab
     def open_url(search: str):
         state = share.read(search, ctx.names, inputs.K_CHOICES)
         if state.tab is None:
-            return {}
+            return {tabs: gr.skip()}  # (an empty dict would be read as one output value)
         upd = {tabs: gr.Tabs(selected=state.tab)}
         if not ctx.service.ready.wait(timeout=120) or ctx.pair is None or state.tab not in ("compare", "explorer"):
             return upd

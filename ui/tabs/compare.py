@@ -93,6 +93,8 @@ def explain_panel(service: SearchService, a: str, b: str, query: dict, thumbs: T
         elif image_id is None:
             why = "the caption's own image"
         ex = service.explain([a, b], image_id=image_id, **query)
+        if "caption_id" in query and ex.image_id == service.caption(a, query["caption_id"])["image_id"]:
+            why = "the caption's own image"
         kinds = {n: model_label(service, n)["kind"] for n in (a, b)}
         return attribution_html(ex, thumbs, kinds=kinds, why=why), ex.image_id
     except NotReady as e:

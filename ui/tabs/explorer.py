@@ -269,7 +269,7 @@ def _wire(ctx: UIContext, t: ExplorerTab, c: compare_tab.CompareTab, tabs: gr.Ta
 
     def open_clicked(a, b, k, evt: gr.EventData):
         q = clicked_query(evt)
-        return compare_tab.opened(c, tabs, ctx, a, b, k, q) if q else {}
+        return compare_tab.opened(c, tabs, ctx, a, b, k, q) if q else {c.out: gr.skip()}
 
     def show_view(view, a, b, min_count, top, color, word, progress=PROGRESS):
         return view_update(ctx, t, c.share, view, a, b, min_count, top, color, word)
