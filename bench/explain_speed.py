@@ -90,8 +90,8 @@ def split_usage(models: list[str]) -> dict:
         ea, eb = svc.get(a), svc.get(b)
         load0 = _machine.load1()
         t0 = time.perf_counter()
-        ta = occlude_split(ea.index, svc.explainer.encode(ea), show_progress=True)
-        tb = occlude_split(eb.index, svc.explainer.encode(eb), show_progress=True)
+        ta = occlude_split(ea.index, svc.explainer.encode_variants(ea), show_progress=True)
+        tb = occlude_split(eb.index, svc.explainer.encode_variants(eb), show_progress=True)
         u = compare_usage(ea.index, eb.index, ta, tb, names=(a, b))
         fresh = time.perf_counter() - t0
         load1 = _machine.load1()

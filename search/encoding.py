@@ -119,6 +119,10 @@ class QueryEncoder:
             self._batchers[entry.name] = TextBatcher(lambda texts, e=entry: self.encode_batch(e, texts),
                                                      max_batch=self.max_batch, name=entry.name)
 
+    def uses_model_encoder(self, entry: ModelEntry) -> bool:
+        """Whether queries of ``entry`` go through the model's own text encoder (not an int8 copy)."""
+        return self._encoders.get(entry.name, entry.model.text) is entry.model.text
+
     def encode_batch(self, entry: ModelEntry, texts: list[str]) -> np.ndarray:
         """(n, E) normalised embeddings of ``texts`` (no cache, no batcher)."""
         enc = self._encoders.get(entry.name, entry.model.text)

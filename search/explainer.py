@@ -16,12 +16,13 @@ from collections.abc import Callable
 import numpy as np
 
 from indexer.index import IndexDirError
+from search import occlusion_gru
 from search.embedmap import EmbeddingMap, embedding_map
 from search.encoding import QueryEncoder
 from search.errors import BadRequest
 from search.explain import MAX_WORDS, Explanation, ModelAttribution, attribute
 from search.registry import ModelEntry
-from search.word_usage import WordUsage, compare_usage, occlusion_table
+from search.word_usage import VariantEncoder, WordUsage, compare_usage, occlusion_table, text_variants
 
 MAX_MODELS = 4
 
@@ -50,6 +51,14 @@ class Explainer:
     def encode(self, e: ModelEntry) -> Callable[[list[str]], np.ndarray]:
         """A batch text encoder for model ``e`` (every text in one call; no cache, no batcher)."""
         return lambda texts: self._encoder.encode_batch(e, texts)
+
+    def encode_variants(self, e: ModelEntry) -> VariantEncoder:
+        """Model ``e``'s encoder of one-word-removed variants: sharing the GRU's states where that is exact
+        (and the served encoder is the model's own, not an int8 copy), else every variant as a text."""
+        text = e.model.text
+        if occlusion_gru.supports(text) and self._encoder.uses_model_encoder(e):
+            return occlusion_gru.GRUOcclusion(text, self.encode(e))
+        return text_variants(self.encode(e))
 
     # ---- one query ------------------------------------------------------------------------------
     def explain(self, names: list[str], *, query: str | None = None, caption_id: int | None = None,
@@ -94,7 +103,7 @@ class Explainer:
         e = self._get(name)
         with self._lock("occ:" + name):
             if name not in self._tables:
-                self._tables[name] = occlusion_table(e.index, self.encode(e), show_progress=show_progress)
+                self._tables[name] = occlusion_table(e.index, self.encode_variants(e), show_progress=show_progress)
             return self._tables[name]
 
     def word_usage(self, a: str, b: str, *, min_count: int = 5, show_progress: bool = False) -> WordUsage:

@@ -2,10 +2,12 @@
 
 ``occlude_split`` removes each word of each caption in turn (``search.explain``'s occlusion) and
 records how the caption's score for its image and the image's rank move. It is built for a whole
-split on a small CPU: every variant is encoded in large batches, the full captions' embeddings are
-the index's own vectors (not encoded again), and ranks come from counting the images that score
-at least as high (``search.explain.ranks_of``), never from sorting. One table per index, cached
-next to it (search/derived.py).
+split on a small CPU: the variants of hundreds of captions are encoded in one call (for a GRU
+caption encoder sharing the recurrent states the variants have in common with their caption,
+search/occlusion_gru.py), the full captions' embeddings are the index's own vectors (not encoded
+again), and ranks come from counting the images that score at least as high
+(``search.explain.ranks_of``), never from sorting. One table per index, cached next to it
+(search/derived.py).
 
 ``compare_usage`` joins two models' tables on the same (caption, word) occurrences and aggregates
 per word form: how often removing the word changes the image's rank under each model, and its mean
@@ -26,7 +28,7 @@ from tqdm.auto import tqdm
 from indexer.disagreement import check_comparable
 from indexer.index import IndexDir
 from search.derived import cached_arrays
-from search.explain import occlusion_variants, ranks_of
+from search.explain import WordSpan, occlusion_variants, ranks_of, without
 from search.errors import BadRequest
 
 log = logging.getLogger(__name__)
@@ -35,40 +37,52 @@ OCCLUSION_VERSION = 1
 FIELDS = ("caption_row", "position", "word", "delta_score", "delta_rank", "rank")
 
 
-def _caption_variants(ix: IndexDir) -> tuple[list[str], list[tuple[int, int, str]]]:
-    """(variant texts, (caption row, word position, word) per variant) of every caption of the split that
-    has an image and two or more words."""
+VariantEncoder = Callable[[list[str], list[list[WordSpan]]], np.ndarray]
+"""(caption texts, their words) → the embeddings of every one-word-removed variant, caption by caption."""
+
+
+def text_variants(encode: Callable[[list[str]], np.ndarray]) -> VariantEncoder:
+    """The plain variant encoder: every variant encoded as a new text, in one call per batch."""
+    def run(texts: list[str], words: list[list[WordSpan]]) -> np.ndarray:
+        return encode([without(t, w) for t, ws in zip(texts, words) for w in ws])
+    return run
+
+
+def _captions(ix: IndexDir) -> list[tuple[int, str, list[WordSpan]]]:
+    """(row, text, words) of every caption of the split that has an image and two or more words."""
     meta = ix.captions.meta
     texts = meta.get("model_texts") or meta["texts"]
-    out_texts, keys = [], []
+    out = []
     for row, (text, img) in enumerate(zip(texts, meta["image"])):
         if img is None or img < 0:
             continue
         words, variants = occlusion_variants(text, max_words=10**6)
-        if not variants:  # no word, or one (nothing left to encode without it)
-            continue
-        out_texts += variants
-        keys += [(row, k, w.text.lower()) for k, w in enumerate(words)]
-    return out_texts, keys
+        if variants:  # (no variant: no word, or one; nothing is left to encode without it)
+            out.append((row, text, words))
+    return out
 
 
-def occlude_split(ix: IndexDir, encode: Callable[[list[str]], np.ndarray], *, batch_size: int = 1024,
+def occlude_split(ix: IndexDir, encode: VariantEncoder, *, captions_per_batch: int = 256,
                   show_progress: bool = False) -> dict[str, np.ndarray]:
     """One row per (caption, word) occurrence: ``FIELDS`` as arrays (``rank`` is the full caption's)."""
-    texts, keys = _caption_variants(ix)
+    caps = _captions(ix)
+    keys = [(row, k, w.text.lower()) for row, _, ws in caps for k, w in enumerate(ws)]
     img_vecs = np.ascontiguousarray(ix.images.vectors, dtype=np.float32)
     rows = np.array([k[0] for k in keys], dtype=np.int64)
     image_of = np.asarray([-1 if i is None else i for i in ix.captions.meta["image"]], dtype=np.int64)
-    full_own, full_rank = _full_captions(ix, img_vecs, image_of, np.unique(rows), batch_size)
+    full_own, full_rank = _full_captions(ix, img_vecs, image_of, np.unique(rows), 1024)
     image = image_of[rows]
     score = np.empty(len(keys), dtype=np.float32)
     rank = np.empty(len(keys), dtype=np.int64)
-    starts = range(0, len(texts), batch_size)
+    at = 0
+    starts = range(0, len(caps), captions_per_batch)
     for s in tqdm(starts, desc=f"occluding {ix.name}", unit="batch", disable=not show_progress):
-        sl = slice(s, s + batch_size)
-        sims = np.asarray(encode(texts[sl]), dtype=np.float32) @ img_vecs.T
+        chunk = caps[s:s + captions_per_batch]
+        sl = slice(at, at + sum(len(ws) for _, _, ws in chunk))
+        sims = np.asarray(encode([t for _, t, _ in chunk], [ws for _, _, ws in chunk]), dtype=np.float32) @ img_vecs.T
         own = sims[np.arange(len(sims)), image[sl]]
         score[sl], rank[sl] = own, ranks_of(sims, own, in_index=True)
+        at = sl.stop
     return {"caption_row": rows.astype(np.int32), "position": np.array([k[1] for k in keys], dtype=np.int32),
             "word": np.array([k[2] for k in keys], dtype=str),
             "delta_score": (full_own[rows] - score).astype(np.float32),
@@ -89,8 +103,7 @@ def _full_captions(ix: IndexDir, img_vecs: np.ndarray, image_of: np.ndarray, row
     return own, rank
 
 
-def occlusion_table(ix: IndexDir, encode: Callable[[list[str]], np.ndarray], *,
-                    show_progress: bool = False) -> dict[str, np.ndarray]:
+def occlusion_table(ix: IndexDir, encode: VariantEncoder, *, show_progress: bool = False) -> dict[str, np.ndarray]:
     """``occlude_split`` of the index, computed once and cached in the index folder."""
     if not ix.has_ground_truth:
         raise BadRequest(f"{ix.name} is a corpus index (no caption ↔ image links): word usage needs a dataset split")

@@ -10,7 +10,8 @@ from search import SearchService, derived
 from search.derived import cached_arrays
 from search.embedmap import captions_with_word, images_with_word, pca_2d
 from search.explain import split_words, without
-from search.word_usage import compare_usage, occlude_split, usage_markdown
+from search.occlusion_gru import GRUOcclusion
+from search.word_usage import compare_usage, occlude_split, text_variants, usage_markdown
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +45,12 @@ def _reference(svc: SearchService, name: str) -> dict[tuple[int, int], tuple[flo
     return out
 
 
-@pytest.mark.parametrize("batch_size", [7, 1024])
-def test_split_occlusion_equals_a_plain_loop(svc, batch_size):
+@pytest.mark.parametrize("per_batch, shared_states", [(3, True), (1000, True), (7, False)])
+def test_split_occlusion_equals_a_plain_loop(svc, per_batch, shared_states):
     e = svc.entries["ltd"]
-    table = occlude_split(e.index, svc.explainer.encode(e), batch_size=batch_size)
+    encode = svc.explainer.encode_variants(e) if shared_states else text_variants(svc.explainer.encode(e))
+    assert isinstance(encode, GRUOcclusion) == shared_states
+    table = occlude_split(e.index, encode, captions_per_batch=per_batch)
     ref = _reference(svc, "ltd")
     assert len(table["word"]) == len(ref)
     for i in range(len(table["word"])):
@@ -57,6 +60,32 @@ def test_split_occlusion_equals_a_plain_loop(svc, batch_size):
     texts = e.index.captions.meta["texts"]
     assert all(w == split_words(texts[r])[p].text.lower()
                for w, r, p in zip(table["word"], table["caption_row"], table["position"]))
+
+
+TRICKY = ["é dog", "naïve café_bar dog's tail", "a " * 45 + "end", "two words", "x y", "!! a -- b !!",
+          "red-haired girl", "a dog", "the dog the dog the dog"]
+
+
+@pytest.mark.parametrize("pool", ["mean", "max"])
+def test_shared_gru_states_equal_encoding_every_variant(svc, pool):
+    """The GRU shortcut against encoding each variant as a text, on real captions and awkward ones
+    (no-token words, words of two tokens, a caption past max_len, variants left with no token)."""
+    import torch
+
+    from search.explain import occlusion_variants
+    from training.models.text_encoder import GRUTextEncoder, move_batch
+
+    src = svc.entries["bl"].model.text
+    torch.manual_seed(0)
+    enc = GRUTextEncoder(src.vocab, src.embed.embedding_dim, 24, 16, head_hidden=32, pool=pool, max_len=src.max_len).eval()
+
+    def encode(texts):
+        with torch.inference_mode():
+            return enc(move_batch(enc.prepare(texts), "cpu")).numpy()
+
+    texts = [t for t in list(svc.entries["bl"].index.captions.meta["texts"]) + TRICKY if occlusion_variants(t)[1]]
+    words = [occlusion_variants(t)[0] for t in texts]
+    np.testing.assert_allclose(GRUOcclusion(enc, encode)(texts, words), text_variants(encode)(texts, words), atol=2e-6)
 
 
 def _tables(words, ra, rb, sa=None, sb=None, rows=None):
