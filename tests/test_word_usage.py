@@ -207,3 +207,65 @@ def test_embedding_map_and_word_masks(svc):
     assert mask[0] and mask.sum() == sum(word.lower() in [w.text.lower() for w in split_words(t)] for t in texts)
     imgs = images_with_word(ix, mask)
     assert imgs[ix.captions.meta["image"][0]] and imgs.sum() <= mask.sum()
+
+
+KILLED_WRITER = """
+import os, signal, sys
+from pathlib import Path
+from types import SimpleNamespace
+import numpy as np
+from search.derived import cached_arrays
+
+kill_at, target = int(sys.argv[1]), Path(sys.argv[2])
+count = 0
+
+def counted(fn):
+    def wrapper(*a, **k):
+        global count
+        count += 1
+        if count == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return fn(*a, **k)
+    return wrapper
+
+for name in ("fsync", "replace", "rename", "unlink"):
+    setattr(os, name, counted(getattr(os, name)))
+ix = SimpleNamespace(derived_path=lambda stem, ext: target / f"{stem}.g0001.{ext}", manifest={"checkpoint_sha256": "abc"})
+big = np.arange(3_000_000, dtype=np.float32)
+out = cached_arrays(ix, "word_occlusion", 1, lambda: {"x": big, "word": np.array(["a", "b"])})
+print(count)
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_writer_leaves_the_cache_whole_or_absent(tmp_path):
+    """SIGKILL before each file operation of the write (fsync of the data, the rename, the folder's
+    fsync): afterwards the cache file is absent or whole, and the next run finishes it and leaves no
+    temporary behind."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**__import__("os").environ, "PYTHONPATH": str(root)}
+    (tmp_path / "probe").mkdir()
+    done = subprocess.run([sys.executable, "-c", KILLED_WRITER, "0", str(tmp_path / "probe")], env=env,
+                          capture_output=True, text=True, check=True)
+    n_ops = int(done.stdout.split()[-1])
+    assert n_ops >= 3
+    for k in range(1, n_ops + 1):
+        d = tmp_path / f"k{k}"
+        d.mkdir()
+        r = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(k), str(d)], env=env, capture_output=True)
+        assert r.returncode == -9, (k, r.stderr[-500:])
+        final = d / "word_occlusion.g0001.npz"
+        if final.exists():  # whole: it loads, with everything in it
+            with np.load(final, allow_pickle=False) as z:
+                assert z["x"].shape == (3_000_000,) and list(z["word"]) == ["a", "b"]
+        ix = SimpleNamespace(derived_path=lambda stem, ext, d=d: d / f"{stem}.g0001.{ext}",
+                             manifest={"checkpoint_sha256": "abc"})
+        again = cached_arrays(ix, "word_occlusion", 1, lambda: {"x": np.arange(3_000_000, dtype=np.float32),
+                                                                 "word": np.array(["a", "b"])})
+        assert again["x"][-1] == 2_999_999 and final.is_file()
+        assert not [p.name for p in d.iterdir() if ".tmp" in p.name], k
