@@ -70,6 +70,23 @@ def why_no_words(words: list[WordSpan]) -> str | None:
     return None
 
 
+def inner(q: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """``q @ vectors.T`` as float32, through torch's thread pool rather than numpy's BLAS.
+
+    Why: in a process that also runs torch, numpy's OpenBLAS keeps its own threads, and on a shared
+    2-core machine the two pools fight: a 13 × 1,024 by 1,024 × 1,000 product took 120 ms through
+    numpy there against ~1 ms through torch (BENCHMARKS.md, "Explanations"). ``vectors`` may be a
+    read-only memory map; it is only read."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():  # torch warns that it cannot promise not to write a read-only array
+        warnings.simplefilter("ignore", UserWarning)
+        v = torch.from_numpy(np.asarray(vectors, dtype=np.float32))
+    return (torch.from_numpy(np.ascontiguousarray(q, dtype=np.float32)) @ v.T).numpy()
+
+
 def ranks_of(scores: np.ndarray, own: np.ndarray, *, in_index: bool) -> np.ndarray:
     """Rank (1 = best) of an image for each of several queries: ``scores`` (queries × index images), ``own``
     the image's score per query. Counting, not sorting: 1 + the other images scoring at least as high. With
@@ -129,11 +146,11 @@ def attribute(model: str, text: str, encode: Callable[[list[str]], np.ndarray], 
     at = {t: i for i, t in enumerate(unique)}
     q = vecs[[at[text], *(at[v] for v in variants)]]  # row 0 = the full query
     q = np.asarray(q, dtype=np.float32)
-    scores = q @ np.asarray(image_vectors, dtype=np.float32).T  # (1 + words, images)
+    scores = inner(q, image_vectors)  # (1 + words, images)
     if row is not None:
         own = scores[:, row]
     elif image_vec is not None:
-        own = q @ np.asarray(image_vec, dtype=np.float32)
+        own = inner(q, np.asarray(image_vec, dtype=np.float32)[None, :])[:, 0]
     else:
         raise ValueError("give the image's index row or its vector")
     ranks = ranks_of(scores, own, in_index=row is not None)

@@ -28,8 +28,8 @@ from tqdm.auto import tqdm
 from indexer.disagreement import check_comparable
 from indexer.index import IndexDir
 from search.derived import cached_arrays
-from search.explain import WordSpan, occlusion_variants, ranks_of, without
 from search.errors import BadRequest
+from search.explain import WordSpan, inner, occlusion_variants, ranks_of, without
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def occlude_split(ix: IndexDir, encode: VariantEncoder, *, captions_per_batch: i
     for s in tqdm(starts, desc=f"occluding {ix.name}", unit="batch", disable=not show_progress):
         chunk = caps[s:s + captions_per_batch]
         sl = slice(at, at + sum(len(ws) for _, _, ws in chunk))
-        sims = np.asarray(encode([t for _, t, _ in chunk], [ws for _, _, ws in chunk]), dtype=np.float32) @ img_vecs.T
+        sims = inner(encode([t for _, t, _ in chunk], [ws for _, _, ws in chunk]), img_vecs)
         own = sims[np.arange(len(sims)), image[sl]]
         score[sl], rank[sl] = own, ranks_of(sims, own, in_index=True)
         at = sl.stop
@@ -97,7 +97,7 @@ def _full_captions(ix: IndexDir, img_vecs: np.ndarray, image_of: np.ndarray, row
     rank = np.zeros(len(image_of), dtype=np.int64)
     for s in range(0, len(rows), batch_size):
         r = rows[s:s + batch_size]
-        sims = np.asarray(ix.captions.vectors[r], dtype=np.float32) @ img_vecs.T
+        sims = inner(ix.captions.vectors[r], img_vecs)
         own[r] = sims[np.arange(len(r)), image_of[r]]
         rank[r] = ranks_of(sims, own[r], in_index=True)
     return own, rank

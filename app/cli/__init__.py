@@ -6,6 +6,10 @@ The OpenMP wait policy depends on the command:
 
 - ``ltd serve`` gets ``OMP_WAIT_POLICY=PASSIVE``: many request threads share 2 cores, and threads
   that busy-wait between requests take CPU from the ones doing work.
+- ``ltd compare`` too: its split-wide word occlusion runs the GRU over thousands of variants at once
+  (large parallel regions, where a sleep/wake-up costs little), and on a shared, loaded machine
+  spinning threads starved it: 55 variants/s with the default against 214 with PASSIVE at 2 threads
+  (BENCHMARKS.md, "Explanations").
 - everything else (train, experiment, demo, index, eval) keeps the OpenMP default (spin briefly,
   then sleep). PASSIVE makes every parallel region pay a sleep/wake-up, which the GRU caption
   encoder's hundreds of small per-time-step regions feel most: one Flickr8k epoch of the
@@ -27,7 +31,7 @@ def _command(argv: list[str]) -> str | None:
 
 for _k, _v in (("TOKENIZERS_PARALLELISM", "false"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1")):
     os.environ.setdefault(_k, _v)
-if _command(sys.argv) == "serve":
+if _command(sys.argv) in ("serve", "compare"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from app.cli.parser import main  # noqa: E402  (after the environment is set)
