@@ -11,9 +11,11 @@ again), and ranks come from counting the images that score at least as high
 
 ``compare_usage`` joins two models' tables on the same (caption, word) occurrences and aggregates
 per word form: how often removing the word changes the image's rank under each model, and its mean
-contribution. The gap between the two rates has a 95% interval clustered by image (the captions of
-one image are not independent), so a word "one model uses and the other ignores" is a claim with
-its uncertainty, not a ranking of noise.
+contribution, and how far removing it moves the caption's own image (``WordStat``: the mean
+|log2 rank ratio|, 0 for a word the model ignores). The gap between the two models has a 95%
+interval clustered by image (the captions of one image are not independent), and the lists put the
+surest differences first, so a word "one model uses and the other ignores" is a claim with its
+uncertainty, not a ranking of noise.
 """
 from __future__ import annotations
 
@@ -122,19 +124,27 @@ class WordExample:
 
 @dataclass(frozen=True)
 class WordStat:
-    """One word form over every occurrence in the split, under models a and b."""
+    """One word form over every occurrence in the split, under models a and b.
+
+    How much a model *uses* a word: ``moves``, the mean over its occurrences of |log2(rank of the
+    caption's image without the word / rank with it)|: 1 means removing the word halves or doubles
+    the image's rank, 0 that the model ignores it. Scale-free (a move from 2 to 4 counts as much as
+    one from 40 to 80) and comparable between models, like the Explorer's Δ. ``changed`` is the
+    plainer share of occurrences where the rank moves at all."""
 
     word: str
     n: int  # occurrences (caption, position)
     images: int  # distinct images of those captions
+    a_moves: float  # mean |log2(rank without / rank with)| under a
+    b_moves: float
     a_changed: float  # share of occurrences where removing the word changes the image's rank under a
     b_changed: float
     a_delta_score: float  # mean score(full) − score(without)
     b_delta_score: float
     a_delta_rank: float  # mean rank(without) − rank(full)
     b_delta_rank: float
-    gap: float  # b_changed − a_changed: > 0, b uses the word where a ignores it
-    gap_ci: float  # half-width of the gap's 95% interval, clustered by image
+    gap: float  # b_moves − a_moves: > 0, b uses the word where a ignores it
+    gap_ci: float  # half-width of the gap's 95% interval, clustered by image (inf: one image)
     examples: tuple[WordExample, ...]  # occurrences where the two models differ most, in the gap's direction
 
     @property
@@ -151,13 +161,14 @@ class WordUsage:
     occurrences: int
     min_count: int
     words: tuple[WordStat, ...]  # every word seen min_count times, by gap (b's most used first)
+    overall: WordStat | None = None  # every occurrence of every word together
 
     def b_uses(self, n: int = 20) -> list[WordStat]:
-        """Words b uses and a ignores: the largest positive gaps."""
-        return [w for w in self.words if w.gap > 0][:n]
+        """Words b uses and a ignores, the surest first: by the lower end of the gap's interval."""
+        return sorted((w for w in self.words if w.gap > 0), key=lambda w: (-(w.gap - w.gap_ci), w.word))[:n]
 
     def a_uses(self, n: int = 20) -> list[WordStat]:
-        return [w for w in reversed(self.words) if w.gap < 0][:n]
+        return sorted((w for w in self.words if w.gap < 0), key=lambda w: (w.gap + w.gap_ci, w.word))[:n]
 
 
 def _clustered_ci(d: np.ndarray, groups: np.ndarray) -> float:
@@ -200,44 +211,57 @@ def compare_usage(a: IndexDir, b: IndexDir, ta: dict, tb: dict, *, names: tuple[
     words, rows = ta["word"][ia], ta["caption_row"][ia]
     img = np.asarray(a.captions.meta["image"], dtype=np.int64)[rows]
     ra, rb = ta["delta_rank"][ia].astype(np.int64), tb["delta_rank"][ib].astype(np.int64)
+    ma, mb = _moves(ta, ia), _moves(tb, ib)
     sa, sb = ta["delta_score"][ia].astype(np.float64), tb["delta_score"][ib].astype(np.float64)
     order = np.argsort(words, kind="stable")
     uniq, start, count = np.unique(words[order], return_index=True, return_counts=True)
     ids, texts = a.captions.ids, a.captions.meta["texts"]
-    stats = []
-    for w, s0, c in zip(uniq, start, count):
-        if c < min_count:
-            continue
-        k = order[s0:s0 + c]
-        ca, cb = (ra[k] != 0).astype(np.float64), (rb[k] != 0).astype(np.float64)
-        gap = float(cb.mean() - ca.mean())
-        lean = (np.abs(rb[k]) - np.abs(ra[k])) * (1 if gap >= 0 else -1)
-        ex = _examples(k, lean, rows, examples)
-        stats.append(WordStat(str(w), int(c), int(len(np.unique(img[k]))), float(ca.mean()), float(cb.mean()),
-                              float(sa[k].mean()), float(sb[k].mean()), float(ra[k].mean()), float(rb[k].mean()), gap,
-                              _clustered_ci(cb - ca, img[k]),
-                              tuple(WordExample(int(ids[rows[j]]), texts[rows[j]], int(ra[j]), int(rb[j]))
-                                    for j in ex)))
-    stats.sort(key=lambda s: (-s.gap, -(s.b_delta_score - s.a_delta_score), s.word))
-    return WordUsage(names[0], names[1], int(len(np.unique(rows))), int(len(ia)), min_count, tuple(stats))
+
+    def stat(word: str, k: np.ndarray) -> WordStat:
+        gap = float(mb[k].mean() - ma[k].mean())
+        ex = _examples(k, (mb[k] - ma[k]) * (1 if gap >= 0 else -1), rows, examples)
+        return WordStat(word, int(len(k)), int(len(np.unique(img[k]))), float(ma[k].mean()), float(mb[k].mean()),
+                        float((ra[k] != 0).mean()), float((rb[k] != 0).mean()), float(sa[k].mean()),
+                        float(sb[k].mean()), float(ra[k].mean()), float(rb[k].mean()), gap,
+                        _clustered_ci(mb[k] - ma[k], img[k]),
+                        tuple(WordExample(int(ids[rows[j]]), texts[rows[j]], int(ra[j]), int(rb[j])) for j in ex))
+
+    stats = [stat(str(w), order[s0:s0 + c]) for w, s0, c in zip(uniq, start, count) if c >= min_count]
+    stats.sort(key=lambda s: (-s.gap, s.word))
+    return WordUsage(names[0], names[1], int(len(np.unique(rows))), int(len(ia)), min_count, tuple(stats),
+                     stat("(every word)", np.arange(len(ia))) if len(ia) else None)
+
+
+def _moves(t: dict, idx: np.ndarray) -> np.ndarray:
+    """|log2(rank without the word / rank with it)| of the occurrences ``idx`` of a table."""
+    rank = t["rank"][idx].astype(np.float64)
+    return np.abs(np.log2((rank + t["delta_rank"][idx]) / rank))
 
 
 def usage_markdown(u: WordUsage, top: int = 15) -> str:
     """Two tables: the words b uses and a ignores, and the reverse (``ltd compare --words``)."""
     def table(title: str, rows: list[WordStat]) -> list[str]:
-        out = [f"### {title}", "", f"| word | n | changes {u.a}'s rank | changes {u.b}'s rank | gap (95% CI) | "
-               f"mean Δscore {u.a} | mean Δscore {u.b} | mean Δrank {u.a} | mean Δrank {u.b} |",
-               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        out = [f"### {title}", "", f"| word | n | images | moves {u.a} | moves {u.b} | gap (95% CI) | "
+               f"changes {u.a}'s rank | changes {u.b}'s rank | mean Δscore {u.a} | mean Δscore {u.b} |",
+               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for w in rows:
             mark = "" if w.shown else " ⁿˢ"
-            ci = f"± {w.gap_ci:.0%}" if np.isfinite(w.gap_ci) else "(one image: no interval)"
-            out.append(f"| {w.word} | {w.n} | {w.a_changed:.0%} | {w.b_changed:.0%} | {w.gap:+.0%} {ci}{mark} "
-                       f"| {w.a_delta_score:+.4f} | {w.b_delta_score:+.4f} | {w.a_delta_rank:+.1f} | {w.b_delta_rank:+.1f} |")
+            ci = f"± {w.gap_ci:.2f}" if np.isfinite(w.gap_ci) else "(one image: no interval)"
+            out.append(f"| {w.word} | {w.n} | {w.images} | {w.a_moves:.2f} | {w.b_moves:.2f} | {w.gap:+.2f} {ci}{mark} "
+                       f"| {w.a_changed:.0%} | {w.b_changed:.0%} | {w.a_delta_score:+.4f} | {w.b_delta_score:+.4f} |")
         return out + [""] if rows else out + ["(none)", ""]
 
-    head = (f"{u.occurrences:,} word occurrences in {u.captions:,} captions; words seen at least {u.min_count} times. "
-            "'changes the rank': share of occurrences where removing the word moves the caption's own image; "
-            "ⁿˢ: the 95% interval (clustered by image) includes 0.")
+    head = (f"{u.occurrences:,} word occurrences in {u.captions:,} captions; words seen at least {u.min_count} times, "
+            "the surest differences first (by the interval's end nearest 0). 'moves': mean |log2(rank of the "
+            "caption's image without the word / with it)| (1: removing the word halves or doubles the rank; 0: the "
+            "model ignores it); 'changes the rank': share of occurrences where the rank moves at all; ⁿˢ: the 95% "
+            "interval (clustered by image) includes 0; one interval per word, not corrected for the number of words "
+            f"compared ({len(u.words)}: about 1 in 20 of the words without a real difference shows one by chance).")
+    o = u.overall
+    if o is not None:
+        head += (f"\n\nEvery word together: removing one moves the caption's image by {o.a_moves:.3f} under {u.a} "
+                 f"and {o.b_moves:.3f} under {u.b} (gap {o.gap:+.3f} ± {o.gap_ci:.3f}, 95% CI clustered by image); "
+                 f"the rank changes at all in {o.a_changed:.0%} / {o.b_changed:.0%} of the occurrences.")
     return "\n".join([head, "", *table(f"Words {u.b} uses and {u.a} ignores", u.b_uses(top)),
                       *table(f"Words {u.a} uses and {u.b} ignores", u.a_uses(top))])
 

@@ -26,7 +26,7 @@ def test_words_table_and_plot(tiny_index_pair, tmp_path, capsys):
                  "--min-count", "2", "--plot", str(plot), "--top", "4", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "### Words ltd uses and bl ignores" in out and "### Words bl uses and ltd ignores" in out
-    assert len(re.findall(r"^\| \w+ \| \d+ \| \d+% \| \d+% \|", out, flags=re.M)) >= 4
+    assert len(re.findall(r"^\| \w+ \| \d+ \| \d+ \| \d\.\d\d \| \d\.\d\d \| [-+]\d\.\d\d ", out, flags=re.M)) >= 4
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not list(tmp_path.glob(".*tmp*"))
 
 

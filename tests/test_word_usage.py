@@ -94,45 +94,61 @@ def _tables(words, ra, rb, sa=None, sb=None, rows=None):
     def t(r, s):
         return {"caption_row": rows.astype(np.int32), "position": np.arange(n, dtype=np.int32), "word": np.array(words),
                 "delta_rank": np.asarray(r, np.int32), "delta_score": np.asarray(s if s is not None else r, np.float32),
-                "rank": np.ones(n, np.int32)}
+                "rank": np.full(n, 4, np.int32)}  # each caption's image at rank 4
     return t(ra, sa), t(rb, sb)
 
 
 def test_compare_usage_aggregates_by_hand(svc):
-    """Six captions (rows 0-5) of the tiny split: 'red' changes b's rank in 3 of 4 occurrences and a's in
-    none; 'dog' only a's, once; 'the' never."""
+    """Six captions (rows 0-5) of the tiny split, each image at rank 4: removing 'red' moves it under b in 3
+    of 4 occurrences (to 5, 2, 4, 9) and never under a; 'dog' only under a, once (to 6); 'the' never."""
     ix = svc.entries["bl"].index
     words = ["red", "red", "red", "red", "dog", "the"]
     ta, tb = _tables(words, [0, 0, 0, 0, 2, 0], [1, -2, 0, 5, 0, 0], sa=[0.0, 0.1, 0, 0, 0.2, 0])
     u = compare_usage(ix, ix, ta, tb, names=("A", "B"), min_count=1)
     by = {w.word: w for w in u.words}
     red, dog = by["red"], by["dog"]
-    assert (red.n, red.a_changed, red.b_changed, red.gap) == (4, 0.0, 0.75, 0.75)
+    moves = (np.log2(5 / 4) + 1 + 0 + np.log2(9 / 4)) / 4  # mean |log2(rank without / rank with)|
+    assert (red.n, red.a_moves, red.a_changed, red.b_changed) == (4, 0.0, 0.0, 0.75)
+    assert red.b_moves == pytest.approx(moves) and red.gap == pytest.approx(moves)
     assert red.b_delta_rank == pytest.approx(1.0) and red.a_delta_score == pytest.approx(0.025)
     assert [x.b_delta_rank for x in red.examples] == [5, -2, 1]  # b moves most where a does not
-    assert dog.gap == -1.0 and [x.a_delta_rank for x in dog.examples] == [2]
+    assert dog.gap == pytest.approx(-np.log2(6 / 4)) and [x.a_delta_rank for x in dog.examples] == [2]
     assert u.b_uses()[0].word == "red" and u.a_uses()[0].word == "dog" and by["the"].gap == 0
     assert [w.word for w in u.words] == ["red", "the", "dog"]
+    assert u.overall.n == 6 and u.overall.b_moves == pytest.approx(4 * moves / 6)
+    assert u.overall.a_moves == pytest.approx(np.log2(6 / 4) / 6)
     assert compare_usage(ix, ix, ta, tb, min_count=2).words[0].word == "red" and len(
         compare_usage(ix, ix, ta, tb, min_count=2).words) == 1
     twice = compare_usage(ix, ix, *_tables(["red", "red", "red"], [0, 0, 0], [4, 3, 1], rows=[0, 0, 1]),
                           min_count=1).words[0]
     assert [x.caption_id for x in twice.examples] == [int(ix.captions.ids[0]), int(ix.captions.ids[1])]  # one each
     md = usage_markdown(u)
-    assert "| red | 4 | 0% | 75% |" in md and "Words B uses and A ignores" in md
+    assert f"| red | 4 | {red.images} | 0.00 | {moves:.2f} |" in md and "Words B uses and A ignores" in md
+
+
+def test_the_lists_put_the_surest_differences_first(svc):
+    """A large gap seen in one image (no interval) ranks below a smaller one seen across many."""
+    ix = svc.entries["bl"].index
+    img = np.asarray(ix.captions.meta["image"])
+    spread = [int(np.flatnonzero(img == i)[0]) for i in range(5)]
+    one = [int(r) for r in np.flatnonzero(img == 5)[:3]]
+    ta, tb = _tables(["sure"] * 5 + ["lucky"] * 3, [0] * 8, [1, 1, 1, 1, 1, 12, 12, 12], rows=spread + one)
+    u = compare_usage(ix, ix, ta, tb, min_count=1)
+    assert [w.word for w in u.words] == ["lucky", "sure"]  # by gap
+    assert [w.word for w in u.b_uses()] == ["sure", "lucky"]  # by the interval's end nearest 0
 
 
 def test_the_gap_interval_is_clustered_by_image(svc):
-    """The same 4 differing occurrences: spread over 4 images they give a finite interval; a constant
-    difference has none; all in one image there is nothing to estimate the spread from (infinite)."""
+    """The same 4 differing occurrences: spread over 4 images they give a finite interval; all in one
+    image there is nothing to estimate the spread from (infinite)."""
     ix = svc.entries["bl"].index
     img = np.asarray(ix.captions.meta["image"])
     one_per_image = [int(np.flatnonzero(img == i)[0]) for i in range(4)]
     ta, tb = _tables(["red"] * 4, [0, 0, 0, 1], [1, 1, 0, 1], rows=one_per_image)
     w = compare_usage(ix, ix, ta, tb, min_count=1).words[0]
-    d = np.array([1, 1, 0, 0.0])
+    d = np.array([np.log2(5 / 4), np.log2(5 / 4), 0, 0])
     se = np.sqrt(4 / 3 * ((d - d.mean()) ** 2).sum()) / 4
-    assert w.gap == 0.5 and w.gap_ci == pytest.approx(1.96 * se)
+    assert w.gap == pytest.approx(d.mean()) and w.gap_ci == pytest.approx(1.96 * se)
     same_image = [int(r) for r in np.flatnonzero(img == 0)[:4]]
     ta, tb = _tables(["red"] * 4, [0, 0, 0, 1], [1, 1, 0, 1], rows=same_image)
     assert compare_usage(ix, ix, ta, tb, min_count=1).words[0].gap_ci == float("inf")

@@ -90,11 +90,11 @@ def attribution_html(ex: Explanation, thumbs: ThumbSrc, *, kinds: dict[str, str]
 
 
 # ---- whole split ---------------------------------------------------------------------------------
-def _rate_bars(w: WordStat) -> str:
-    return (f'<span class="ltd-bars" title="removing it changes the rank of the caption\'s image: '
-            f'{w.a_changed:.0%} of the time under A, {w.b_changed:.0%} under B">'
-            f'<span class="ltd-bar-a" style="width:{100 * w.a_changed:.0f}%"></span>'
-            f'<span class="ltd-bar-b" style="width:{100 * w.b_changed:.0f}%"></span></span>')
+def _bars(w: WordStat, scale: float) -> str:
+    return (f'<span class="ltd-bars" title="how far removing it moves the caption\'s image (mean |log2 rank ratio|): '
+            f'{w.a_moves:.2f} under A, {w.b_moves:.2f} under B">'
+            f'<span class="ltd-bar-a" style="width:{100 * w.a_moves / scale:.0f}%"></span>'
+            f'<span class="ltd-bar-b" style="width:{100 * w.b_moves / scale:.0f}%"></span></span>')
 
 
 def _examples(w: WordStat, a: str, b: str) -> str:
@@ -105,29 +105,43 @@ def _examples(w: WordStat, a: str, b: str) -> str:
                    for x in w.examples)
 
 
-def _word_list(title: str, rows: list[WordStat], u: WordUsage) -> str:
+def _word_list(title: str, rows: list[WordStat], u: WordUsage, scale: float) -> str:
     items = []
     for w in rows:
-        ci = "n/a" if not np.isfinite(w.gap_ci) else f"± {w.gap_ci:.0%}"
+        ci = "no interval: one image" if not np.isfinite(w.gap_ci) else f"± {w.gap_ci:.2f}"
         ns = "" if w.shown else ' <span class="ltd-ns" title="the 95% interval includes 0">ns</span>'
         items.append(f'<li class="ltd-wordrow"><div class="ltd-wordhead"><b class="ltd-word">{esc(w.word)}</b>'
-                     f'<span class="ltd-muted">{w.n:,}× in {w.images:,} images</span>{_rate_bars(w)}'
-                     f'<span class="ltd-gap">{u.a} {w.a_changed:.0%} → {u.b} {w.b_changed:.0%} '
-                     f'({w.gap:+.0%} {ci}){ns}</span></div><div class="ltd-exs">{_examples(w, u.a, u.b)}</div></li>')
+                     f'<span class="ltd-muted">{w.n:,}× in {w.images:,} images</span>{_bars(w, scale)}'
+                     f'<span class="ltd-gap">moves {esc(u.a)} {w.a_moves:.2f} → {esc(u.b)} {w.b_moves:.2f} '
+                     f'({w.gap:+.2f} {ci}){ns}</span><span class="ltd-muted">rank changed {w.a_changed:.0%} / '
+                     f'{w.b_changed:.0%}</span></div><div class="ltd-exs">{_examples(w, u.a, u.b)}</div></li>')
     body = "".join(items) or '<li class="ltd-muted">none</li>'
     return f'<div class="ltd-wordcol"><h4>{esc(title)}</h4><ol class="ltd-words">{body}</ol></div>'
+
+
+def _overall(u: WordUsage) -> str:
+    o = u.overall
+    if o is None:
+        return ""
+    return (f" Every word together: {esc(u.a)} {o.a_moves:.3f}, {esc(u.b)} {o.b_moves:.3f} "
+            f"({o.gap:+.3f} ± {o.gap_ci:.3f}).")
 
 
 def words_html(u: WordUsage, top: int = 15, clickable: bool = True) -> str:
     """The Explorer's words view: what b uses and a ignores, and the reverse, with example queries."""
     a, b = esc(u.a), esc(u.b)
-    head = (f'<div class="ltd-explorer-sum"><span class="ltd-muted">Every caption of the split with its own image: '
+    lists = (u.b_uses(top), u.a_uses(top))
+    scale = max((max(w.a_moves, w.b_moves) for ws in lists for w in ws), default=1.0) or 1.0
+    head = (f'<div class="ltd-explorer-sum"><span class="ltd-muted">Every caption of the split with its own image, '
             f'each word removed in turn ({u.occurrences:,} occurrences in {u.captions:,} captions; words seen at least '
-            f'{u.min_count}×). Bars: how often removing the word changes the image\'s rank under '
+            f'{u.min_count}×). <i>moves</i>: how far removing the word moves the image\'s rank, as the mean '
+            '|log₂(rank without / rank with)| (1: halved or doubled; 0: the model ignores the word), bars for '
             f'<b class="ltd-m0">{a}</b> / <b class="ltd-m1">{b}</b>; the gap has a 95% interval clustered by image '
-            '(ns: includes 0).' + (' Click an example to open it in Compare.' if clickable else '') + '</span></div>')
-    cols = (_word_list(f"Words {u.b} uses and {u.a} ignores", u.b_uses(top), u)
-            + _word_list(f"Words {u.a} uses and {u.b} ignores", u.a_uses(top), u))
+            f'(ns: includes 0; one interval per word, not corrected for comparing {len(u.words):,} words), and the '
+            'surest differences come first.' + _overall(u)
+            + (' Click an example to open it in Compare.' if clickable else '') + '</span></div>')
+    cols = (_word_list(f"Words {u.b} uses and {u.a} ignores", lists[0], u, scale)
+            + _word_list(f"Words {u.a} uses and {u.b} ignores", lists[1], u, scale))
     return f'{head}<div class="ltd-wordcols">{cols}</div>'
 
 

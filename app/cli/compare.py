@@ -99,30 +99,34 @@ def _words(svc, a: str, b: str, args: argparse.Namespace):
 
 
 def usage_figure(u, label: int = 8):
-    """Each word as a point: how often removing it changes the image's rank under A (x) and under B (y);
-    above the diagonal B uses it more. Size: how often it occurs. The largest gaps each way are named."""
+    """Each word as a point: how far removing it moves the caption's image under A (x) and under B (y),
+    as the mean |log2 rank ratio|; above the diagonal B uses it more. Size: how often it occurs. The
+    surest differences each way are named."""
     import numpy as np
 
     from training.plots import plt
 
     fig, ax = plt.subplots(figsize=(7.2, 6.6))
-    x = np.array([w.a_changed for w in u.words])
-    y = np.array([w.b_changed for w in u.words])
+    x = np.array([w.a_moves for w in u.words])
+    y = np.array([w.b_moves for w in u.words])
     n = np.array([w.n for w in u.words])
     shown = np.array([w.shown for w in u.words], dtype=bool)
-    ax.plot([0, 1], [0, 1], color="#94a3b8", lw=1, ls="--", zorder=1)
+    top = float(max(x.max(initial=0), y.max(initial=0))) * 1.05 or 1.0
+    ax.plot([0, top], [0, top], color="#94a3b8", lw=1, ls="--", zorder=1)
     size = 8 + 30 * np.log10(np.maximum(n, 1))
     ax.scatter(x[~shown], y[~shown], s=size[~shown], color="#cbd5e1", label="gap's 95% CI includes 0", zorder=2)
-    ax.scatter(x[shown], y[shown], s=size[shown], color=np.where(y[shown] > x[shown], "#0891b2", "#4f46e5"),
-               label="gap shown (clustered 95% CI)", zorder=3)
+    for more, color, who in ((y > x, "#0891b2", u.b), (y <= x, "#4f46e5", u.a)):
+        m = shown & more
+        ax.scatter(x[m], y[m], s=size[m], color=color, label=f"{who} uses it more (95% CI clustered by image)",
+                   zorder=3)
     for w in [*u.b_uses(label), *u.a_uses(label)]:
-        ax.annotate(w.word, (w.a_changed, w.b_changed), fontsize=8, xytext=(3, 3), textcoords="offset points")
-    ax.set_xlabel(f"removing the word changes the image's rank under {u.a} (share of occurrences)")
+        ax.annotate(w.word, (w.a_moves, w.b_moves), fontsize=8, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel(f"how far removing the word moves the caption's image under {u.a}\n(mean |log2 rank ratio|)")
     ax.set_ylabel(f"… under {u.b}")
-    ax.set_title(f"Words {u.b} uses and {u.a} ignores (above the diagonal), and the reverse\n"
-                 f"{len(u.words)} words seen ≥ {u.min_count}× in {u.captions:,} captions")
-    ax.set_xlim(-0.02, 1.02)
-    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"Each word: how much {u.a} (x) and {u.b} (y) use it\n{len(u.words)} words seen ≥ {u.min_count}× "
+                 f"in {u.captions:,} captions; the surest differences named", fontsize=10)
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     return fig
