@@ -167,6 +167,12 @@ def _places(n: int) -> str:
     return f"{n} place" + ("" if n == 1 else "s")
 
 
+def _signed(x: float) -> str:
+    """+0.0123 / -0.0123, and 0.0000 for a change that rounds to nothing (never "-0.000")."""
+    s = f"{x:+.4f}"
+    return "0.0000" if float(s) == 0 else s
+
+
 def _effect(m: ModelAttribution, w: WordAttribution) -> str:
     if w.delta_rank > 0:
         return f"{m.model} drops it {_places(w.delta_rank)}"
@@ -201,8 +207,8 @@ def summary_sentences(ex: Explanation, limit: int = 2) -> list[str]:
             d = wa.delta_rank
             body = ("both rank it the same" if d == 0 else f"both drop it {_places(d)}" if d > 0
                     else f"both move it up {_places(-d)}")
-            out.append(f"Without *{wa.word}*, {body} (Δscore {wa.delta_score:+.3f} for {a.model}, "
-                       f"{wb.delta_score:+.3f} for {b.model}).")
+            out.append(f"Without *{wa.word}*, {body} (Δscore {_signed(wa.delta_score)} for {a.model}, "
+                       f"{_signed(wb.delta_score)} for {b.model}).")
         else:
             out.append(f"Without *{wa.word}*, {_effect(a, wa)}; {_effect(b, wb)}.")
     return notes + out

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from search import BadRequest, NotFound, SearchService
-from search.explain import occlusion_variants, ranks_of, split_words, without
+from search.explain import _signed, occlusion_variants, ranks_of, split_words, without
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +36,11 @@ def test_words_and_their_removal():
     assert without(text, ws[-1]) == "A dog's red-haired owner, on ."
     words, variants = occlusion_variants("a big dog")
     assert variants == ["big dog", "a dog", "a big"]
+
+
+def test_score_changes_in_sentences_never_read_minus_zero():
+    assert [_signed(x) for x in (0.01234, -0.01234, -0.00004, 0.00004, 0.0)] == [
+        "+0.0123", "-0.0123", "0.0000", "0.0000", "0.0000"]
 
 
 def test_nothing_or_too_much_to_occlude():

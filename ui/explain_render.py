@@ -110,11 +110,13 @@ def _word_list(title: str, rows: list[WordStat], u: WordUsage, scale: float) -> 
     for w in rows:
         ci = "no interval: one image" if not np.isfinite(w.gap_ci) else f"± {w.gap_ci:.2f}"
         ns = "" if w.shown else ' <span class="ltd-ns" title="the 95% interval includes 0">ns</span>'
-        items.append(f'<li class="ltd-wordrow"><div class="ltd-wordhead"><b class="ltd-word">{esc(w.word)}</b>'
-                     f'<span class="ltd-muted">{w.n:,}× in {w.images:,} images</span>{_bars(w, scale)}'
-                     f'<span class="ltd-gap">moves {esc(u.a)} {w.a_moves:.2f} → {esc(u.b)} {w.b_moves:.2f} '
-                     f'({w.gap:+.2f} {ci}){ns}</span><span class="ltd-muted">rank changed {w.a_changed:.0%} / '
-                     f'{w.b_changed:.0%}</span></div><div class="ltd-exs">{_examples(w, u.a, u.b)}</div></li>')
+        # three aligned columns (word and counts | bars | numbers), the example queries below
+        items.append(f'<li class="ltd-wordrow"><div class="ltd-wordhead"><span class="ltd-wordname">'
+                     f'<b class="ltd-word">{esc(w.word)}</b><span class="ltd-muted">{w.n:,}× in {w.images:,} '
+                     f'images</span></span>{_bars(w, scale)}<span class="ltd-wordnums"><span class="ltd-gap">moves '
+                     f'{esc(u.a)} {w.a_moves:.2f} → {esc(u.b)} {w.b_moves:.2f} ({w.gap:+.2f} {ci}){ns}</span>'
+                     f'<span class="ltd-muted">rank changed {w.a_changed:.0%} / {w.b_changed:.0%}</span></span>'
+                     f'</div><div class="ltd-exs">{_examples(w, u.a, u.b)}</div></li>')
     body = "".join(items) or '<li class="ltd-muted">none</li>'
     return f'<div class="ltd-wordcol"><h4>{esc(title)}</h4><ol class="ltd-words">{body}</ol></div>'
 
