@@ -59,3 +59,18 @@ def test_report_of_an_unknown_caption_says_so(tiny_index_pair, tmp_path):
     assert main(["compare", "--index", str(tiny_index_pair["bl"]), "--index", str(tiny_index_pair["ltd"]),
                  "--html", str(out), "--caption-id", "999999999"]) == 0
     assert "is not in model" in out.read_text()
+
+
+def test_user_mistakes_are_one_line_and_exit_2(tiny_index_pair, tmp_path, capsys):
+    """A wrong --index count or a folder that is not an index: exit 2 and one line saying what to fix,
+    never a traceback (training.errors.UserError at the CLI's boundary)."""
+    bl = str(tiny_index_pair["bl"])
+    cases = [(["--index", bl], "exactly two --index"),
+             (["--index", bl, "--index", str(tmp_path), "--words", "--no-progress"], "not an index directory"),
+             (["--index", bl, "--index", str(tmp_path / "nope"), "--html", str(tmp_path / "r.html")],
+              "not an index directory")]
+    for args, message in cases:
+        assert main(["compare", *args]) == 2, args
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and "internal error" not in err, err
+    assert not (tmp_path / "r.html").exists()
