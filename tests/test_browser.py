@@ -236,6 +236,11 @@ def test_explorer_words_and_map_views_open_compare(page, server):
     heads = pg.locator("#explorer-words .ltd-wordcol h4").all_inner_texts()
     assert heads == ["Words ltd uses and bl ignores", "Words bl uses and ltd ignores"]
     pg.screenshot(path=str(SHOTS / "explorer_words.png"), full_page=True)
+    # a word's example queries start at one left edge (Gradio centres every <a> unless told otherwise)
+    starts = pg.evaluate("""() => Array.from(document.querySelectorAll('#explorer-words .ltd-exs')).map(d =>
+        Array.from(d.querySelectorAll('.ltd-ex')).map(a => { const r = document.createRange();
+            r.selectNodeContents(a); return Math.round(r.getClientRects()[0].left); }))""")
+    assert sum(len(xs) > 1 for xs in starts) >= 3 and all(len(set(xs)) == 1 for xs in starts), starts
     example = pg.locator("#explorer-words a.ltd-ex").first
     cid = example.get_attribute("data-cid")
     example.click()
