@@ -20,9 +20,10 @@ from search.errors import (
            SearchError,
            Unsupported,
            UnsupportedMediaType,
+           redact_paths,
 )
 from search.ranking import CompareResult, Hit, SearchResult
 from search.service import SearchConfig, SearchService
 
 __all__ = ["REPORT_KEYS", "BadRequest", "Busy", "CompareResult", "Hit", "NotFound", "NotReady", "SearchConfig", "SearchError",
-           "SearchResult", "SearchService", "Unsupported", "UnsupportedMediaType"]
+           "SearchResult", "SearchService", "Unsupported", "UnsupportedMediaType", "redact_paths"]

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from search.errors import NotFound, NotReady
+from search.errors import NotFound, NotReady, redact_paths
 from search.registry import ModelEntry
 from training.fsio import sha256_file
 
@@ -85,7 +85,7 @@ class CaptionerRegistry:
         if name not in self.specs:
             raise NotFound(f"unknown captioner {name!r}; served captioners: {', '.join(self.names) or 'none'}")
         if name in self.failed:
-            raise NotReady(f"captioner {name} is down: {self.failed[name]}")
+            raise NotReady(f"captioner {name} is down: {redact_paths(self.failed[name])}")
         if name not in self.entries:
             raise NotReady("captioners are still loading")
         return self.entries[name]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from search.errors import BadRequest, Busy, NotFound, Unsupported, UnsupportedMediaType
+from search.errors import BadRequest, Busy, NotFound, Unsupported, UnsupportedMediaType, redact_paths
 from search.registry import ModelEntry
 from training.data.images import ImageError, load_image
 from training.env import environment
@@ -112,7 +112,7 @@ class Thumbnails:
         try:
             img = load_image(path)
         except ImageError as err:
-            raise NotFound(f"image cannot be read: {err}") from None
+            raise NotFound(f"image cannot be read: {redact_paths(str(err))}") from None
         img.thumbnail((size, size))
         buf = io.BytesIO()
         img.save(buf, "JPEG", quality=85)

@@ -28,7 +28,7 @@ from indexer.index import (
     relative_to_index,
     resolve_checkpoint,
 )
-from search.errors import NotFound, NotReady
+from search.errors import NotFound, NotReady, redact_paths
 from training.errors import Unavailable, UserValueError
 from training.fsio import sha256_file
 from training.models.dual_encoder import DualEncoder
@@ -183,7 +183,7 @@ class ModelRegistry:
         if name not in self.specs:
             raise NotFound(f"unknown model {name!r}; valid models: {', '.join(self.names)}", valid_models=self.names)
         if name in self.failed:
-            raise NotReady(f"model {name} is down: {self.failed[name]}")
+            raise NotReady(f"model {name} is down: {redact_paths(self.failed[name])}")
         if name not in self.entries:
             raise NotReady("models are still loading")
         return self.entries[name]

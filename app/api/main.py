@@ -85,7 +85,7 @@ def _mount_ui(app: FastAPI, service: SearchService, settings: Settings) -> None:
 
 def _private_paths(settings: Settings) -> list[str]:
     """Folders Gradio must never serve from: the index directories and their checkpoints' folders."""
-    from indexer.index import IndexDirError, read_manifest, resolve_checkpoint
+    from indexer.index import read_manifest, resolve_checkpoint
 
     out = set()
     for name, d in settings.models.items():
@@ -93,8 +93,8 @@ def _private_paths(settings: Settings) -> list[str]:
         try:
             ckpt = resolve_checkpoint(d, read_manifest(d), settings.checkpoints.get(name))
             out.add(str(ckpt.parent))
-        except (IndexDirError, OSError):
-            pass  # reported when the models load
+        except Exception:  # noqa: BLE001 - any broken index is reported when the models load
+            pass
     return sorted(out)
 
 

@@ -156,7 +156,8 @@ def parse_captioners(specs: list[str], flag: str = "--captioner") -> dict[str, s
 
 def preflight(settings) -> dict[str, str]:
     """Cheap checks of every model before the port is bound: the manifest reads and the checkpoint
-    is where it says. Returns name → problem for the models that cannot work."""
+    is where it says. Returns name → problem for the models that cannot work (any failure: one
+    broken index, however it is broken, must not stop the others from serving)."""
     from indexer.index import IndexDirError, read_manifest, resolve_checkpoint
 
     problems = {}
@@ -165,6 +166,8 @@ def preflight(settings) -> dict[str, str]:
             resolve_checkpoint(d, read_manifest(d), settings.checkpoints.get(name))
         except (IndexDirError, OSError) as e:
             problems[name] = str(e)
+        except Exception as e:  # noqa: BLE001 - a manifest of the wrong shape (e.g. a number as a path)
+            problems[name] = f"{type(e).__name__}: {e}"
     return problems
 
 

@@ -21,7 +21,7 @@ from app.api.schemas import (
     QueryText,
 )
 from app.api.settings import Settings
-from search import SearchService
+from search import SearchService, redact_paths
 
 router = APIRouter(prefix="/api", tags=["captions"])
 Service = Annotated[SearchService, Depends(get_service)]
@@ -82,7 +82,8 @@ async def check_query(request: Request, settings: Annotated[Settings, Depends(ge
 @router.get("/captioners", responses=COMMON_ERRORS)
 async def list_captioners(svc: Service) -> dict:
     """The served captioners: ``ready`` (name → training summary) and ``down`` (name → why)."""
-    return {"ready": {n: e.info for n, e in svc.captioners.entries.items()}, "down": dict(svc.captioners.failed)}
+    return {"ready": {n: e.info for n, e in svc.captioners.entries.items()},
+            "down": {n: redact_paths(why) for n, why in svc.captioners.failed.items()}}
 
 
 @router.post("/caption", response_model=CaptionResponse, responses=CAPTION_ERRORS,

@@ -1,0 +1,88 @@
+"""Issue 35's attacks on an exposed server, in process (FastAPI's TestClient: no sockets at all).
+
+Each test is written as the attack it stops; the live attacks (slow clients, descriptor exhaustion,
+worker processes, Gradio's queue) are in tests/test_security_live.py and test_slow_clients.py.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.api.main import create_app
+from app.api.settings import Settings
+from search import SearchService
+
+ABS_PATH = re.compile(r"(?<![\w.])/(?:tmp|home|root|work|etc|usr|var|opt)/")
+
+
+def _settings(pair, **kw) -> Settings:
+    base = dict(models={"bl": str(pair["bl"]), "ltd": str(pair["ltd"])}, ui=False, load_in_background=False,
+                torch_threads=0, faiss_threads=0)
+    return Settings(**(base | kw))
+
+
+@pytest.fixture(scope="module")
+def service(tiny_index_pair) -> SearchService:
+    svc = _settings(tiny_index_pair).search_service()
+    svc.load()
+    yield svc
+    svc.close()
+
+
+@pytest.fixture(scope="module")
+def client(tiny_index_pair, service):
+    with TestClient(create_app(_settings(tiny_index_pair), service=service)) as c:
+        yield c
+
+
+def _copy_index(pair: dict, name: str, tmp_path: Path) -> Path:
+    out = tmp_path / f"{name}-copy"
+    shutil.copytree(pair[name], out)
+    return out
+
+
+# ---- 9: a deeply nested manifest.json is one model down, not a crashed server ----------------------
+def test_a_deeply_nested_manifest_is_one_model_down(tiny_index_pair, tmp_path):
+    from app.cli.serve import preflight
+    from indexer.index import IndexDirError, read_manifest
+
+    broken = _copy_index(tiny_index_pair, "ltd", tmp_path)
+    (broken / "manifest.json").write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(IndexDirError, match="nested too deeply"):
+        read_manifest(broken)
+    odd = _copy_index(tiny_index_pair, "bl", tmp_path / "odd")
+    (odd / "manifest.json").write_text(json.dumps({"checkpoint_relative": 7, "checkpoint": ["x"]}))
+    settings = _settings(tiny_index_pair, models={"bl": str(tiny_index_pair["bl"]), "ltd": str(broken),
+                                                  "odd": str(odd)}, ui=True)
+    assert set(preflight(settings)) == {"ltd", "odd"}  # reported, not raised
+    app = create_app(settings)  # the UI mount reads every manifest too
+    with TestClient(app) as c:
+        h = c.get("/api/health")
+        assert h.status_code == 200 and h.json()["status"] == "degraded" and h.json()["loaded"] == ["bl"]
+        assert "nested too deeply" in h.json()["down"]["ltd"]
+        assert c.post("/api/search/text", json={"query": "a red square", "model": "bl"}).status_code == 200
+
+
+# ---- 8: errors say what, never where ----------------------------------------------------------------
+def test_health_and_errors_name_no_server_folders(tiny_index_pair, tmp_path):
+    """/api/health is open to anyone (load balancers): its reasons must not map the server's disk."""
+    gone = _copy_index(tiny_index_pair, "ltd", tmp_path)
+    mf = json.loads((gone / "manifest.json").read_text())
+    mf["checkpoint"], mf["checkpoint_relative"] = "/srv/secret/place/best.pt", "../nowhere/best.pt"
+    (gone / "manifest.json").write_text(json.dumps(mf))
+    svc = SearchService({"bl": str(tiny_index_pair["bl"]), "ltd": str(gone)})
+    svc.load()
+    with TestClient(create_app(_settings(tiny_index_pair), service=svc)) as c:
+        h = c.get("/api/health")
+        down = h.json()["down"]["ltd"]
+        assert "checkpoint" in down and "best.pt" in down and "@" in down  # what is wrong, and the fix
+        assert str(tmp_path) not in h.text and "/srv/secret" not in h.text and not ABS_PATH.search(h.text), h.text
+        r = c.post("/api/search/text", json={"query": "a red square", "model": "ltd"})
+        assert r.status_code == 503 and "ltd is down" in r.json()["detail"]
+        assert str(tmp_path) not in r.text and "/srv/secret" not in r.text
+    svc.close()
