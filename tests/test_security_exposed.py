@@ -86,3 +86,61 @@ def test_health_and_errors_name_no_server_folders(tiny_index_pair, tmp_path):
         assert r.status_code == 503 and "ltd is down" in r.json()["detail"]
         assert str(tmp_path) not in r.text and "/srv/secret" not in r.text
     svc.close()
+
+
+# ---- 11 (smaller): the token's edges ----------------------------------------------------------------
+TOKEN = "s3cret-token-for-tests"
+
+
+@pytest.fixture
+def guarded(tiny_index_pair, service):
+    with TestClient(create_app(_settings(tiny_index_pair, api_token=TOKEN), service=service)) as c:
+        yield c
+
+
+def test_open_paths_are_matched_exactly(guarded):
+    assert guarded.get("/api/health").status_code == 200
+    for path in ("/api/healthz", "/api/health-secret", "/loginx", "/login/../api/models", "/api/health/../models"):
+        assert guarded.get(path).status_code == 401, path
+
+
+def test_wrong_tokens_are_rate_limited(guarded):
+    """A guesser gets 20 tries a minute per address; after that even the right token is refused, so the
+    answers say nothing about the guesses. Health stays open (load balancers)."""
+    for _ in range(20):
+        assert guarded.get("/api/models", headers={"Authorization": "Bearer guess"}).status_code == 401
+    r = guarded.get("/api/models", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 429 and r.json()["error"] == "too_many_requests" and int(r.headers["retry-after"]) > 0
+    assert guarded.post("/login", data={"token": TOKEN}).status_code == 429
+    assert guarded.get("/api/health").status_code == 200
+
+
+def test_the_failure_window_slides_and_is_per_address():
+    from app.api.login import FailureLimiter
+
+    lim = FailureLimiter(max_failures=3, window=60, max_clients=2)
+    for t in (0, 1, 2):
+        lim.failed("a", now=100 + t)
+    assert lim.blocked_for("a", now=103) == pytest.approx(57) and lim.blocked_for("b", now=103) == 0
+    assert lim.blocked_for("a", now=160.5) == 0  # the first failure left the window
+    lim.failed("b", now=104), lim.failed("c", now=105)
+    assert "a" not in lim._fails  # bounded: the oldest address is forgotten
+
+
+def test_login_cookie_is_signed_salted_and_expires(guarded):
+    import hashlib
+
+    from app.api.login import Sessions
+
+    cookies = [guarded.post("/login", data={"token": TOKEN}, follow_redirects=False).cookies.get("ltd_token")
+               for _ in range(2)]
+    assert cookies[0] != cookies[1] and all(TOKEN not in c for c in cookies)  # a random salt per login
+    r = guarded.post("/login", data={"token": TOKEN}, follow_redirects=False)
+    assert "max-age=43200" in r.headers["set-cookie"].lower()
+    guarded.cookies.clear()  # each request below names its own cookie
+    assert guarded.get("/api/models", cookies={"ltd_token": cookies[0]}).status_code == 200
+    old_style = hashlib.sha256(f"ltd-ui-session:{TOKEN}".encode()).hexdigest()  # the previous, unsalted cookie
+    expiry, nonce, mac = cookies[0].split(".")
+    expired = Sessions(TOKEN, 60).make(now=1_000_000)
+    for bad in (old_style, f"{int(expiry) + 10**6}.{nonce}.{mac}", expired, Sessions("other", 60).make()):
+        assert guarded.get("/api/models", cookies={"ltd_token": bad}).status_code == 401, bad

@@ -152,7 +152,8 @@ def create_app(settings: Settings | None = None, service: SearchService | None =
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limits(settings))
     token = settings.api_token.get_secret_value() if settings.api_token else None
-    app.add_middleware(AccessMiddleware, token=token, allowed_hosts=settings.allowed_hosts)
+    app.add_middleware(AccessMiddleware, token=token, allowed_hosts=settings.allowed_hosts,
+                       session_seconds=settings.session_seconds)
     app.add_middleware(PrometheusMiddleware, registry=registry,  # outermost: times everything, 413s included
                        fixed_paths=[app.openapi_url, "/docs", "/redoc"],
                        prefixes=[docs.ASSETS, *(["/ui"] if settings.ui else [])])

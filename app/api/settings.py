@@ -27,6 +27,8 @@ class Settings(BaseSettings, SearchConfig):
     # A bearer token for /api, /ui, /docs and /metrics (not /api/health). Set it whenever the server is
     # reachable by others: `Authorization: Bearer TOKEN`, or the cookie that /login sets for browsers.
     api_token: SecretStr | None = None
+    # How long a browser stays logged in after /login (the signed cookie's expiry).
+    session_seconds: int = Field(12 * 3600, ge=60)
     # Host headers the server answers (DNS-rebinding protection); None = any. `ltd serve` sets the
     # loopback names when it binds a loopback address.
     allowed_hosts: list[str] | None = None
