@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from search.errors import NotFound, NotReady, redact_paths
-from search.registry import ModelEntry
+from search.registry import ModelEntry, warm_up
 from training.fsio import sha256_file
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ class CaptionerRegistry:
         size = cfg.data.image_size
         if size not in self._backbones:
             self._backbones[size] = EfficientNetLite0("grid", image_size=size).eval()
+            warm_up(self._backbones[size])  # before request threads: see registry.warm_up
         stage = ckpt.get("stage")
         info = {"stage": stage, "alpha": cfg.scst.alpha if stage == "scst" else None,
                 "labelled_fraction": cfg.data.labelled_fraction, "judge": (ckpt.get("judge") or {}).get("name"),

@@ -144,3 +144,47 @@ def test_login_cookie_is_signed_salted_and_expires(guarded):
     expired = Sessions(TOKEN, 60).make(now=1_000_000)
     for bad in (old_style, f"{int(expiry) + 10**6}.{nonce}.{mac}", expired, Sessions("other", 60).make()):
         assert guarded.get("/api/models", cookies={"ltd_token": bad}).status_code == 401, bad
+
+
+# ---- 2: every body capped by its type -------------------------------------------------------------
+@pytest.mark.parametrize("path", ["/api/caption", "/api/caption/check", "/api/search/image", "/api/compare"])
+def test_json_on_upload_routes_is_capped_at_the_json_limit(client, path):
+    """The attack: a 10 MB JSON body on a route that also takes uploads was read whole and parsed on the
+    event loop. JSON gets the JSON limit everywhere (declared or streamed without a length)."""
+    big = b'{"image_id": 1, "pad": "' + b"x" * (1024 * 1024) + b'"}'
+    r = client.post(path, content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"] == "payload_too_large", r.text[:200]
+
+    def stream():
+        yield b'{"image_id": 1, "pad": "'
+        for _ in range(16):
+            yield b"x" * 65536
+        yield b'"}'
+
+    r = client.post(path, content=stream(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    r = client.post(path, content=big, headers={"content-type": "text/plain"})  # any other type: JSON limit
+    assert r.status_code == 413
+
+
+def test_body_limits_by_path_and_type():
+    from app.api.limits import body_limits
+
+    s = Settings(max_upload_bytes=10 * 2**20, max_json_bytes=64 * 1024, max_ui_json_bytes=256 * 1024)
+    limit = body_limits(s)
+    mp = b"multipart/form-data; boundary=x"
+    assert limit("/api/search/image", mp) > 10 * 2**20 and limit("/ui/gradio_api/upload", mp) > 10 * 2**20
+    assert limit("/api/search/image", b"application/json") == 64 * 1024
+    assert limit("/api/caption/anything", mp) == 64 * 1024  # exact paths, not prefixes
+    assert limit("/api/search/text", mp) == 64 * 1024
+    assert limit("/ui/gradio_api/queue/join", mp) == 256 * 1024
+
+
+# ---- found on the way: concurrent first uploads hung the server --------------------------------------
+def test_image_runtimes_are_built_before_requests_arrive(tiny_index_pair):
+    """8 concurrent uploads to a fresh server deadlocked it in 2 of 5 tries (OpenVINO's bindings, first
+    called from several threads at once, wait with the GIL held): loading now runs each backbone once."""
+    from search.registry import load_entry
+
+    entry = load_entry("bl", Path(tiny_index_pair["bl"]))
+    assert entry.model.image.backbone._runners  # built by the loader, not by the first request
