@@ -188,3 +188,42 @@ def test_image_runtimes_are_built_before_requests_arrive(tiny_index_pair):
 
     entry = load_entry("bl", Path(tiny_index_pair["bl"]))
     assert entry.model.image.backbone._runners  # built by the loader, not by the first request
+
+
+# ---- 10: a client that goes away mid-upload is not a 500 ------------------------------------------
+def _abandoned_upload(app, path: str, field: str) -> list[dict]:
+    """Drive the app as uvicorn would for a client that sends half a multipart upload and disconnects;
+    the messages the app sends back."""
+    import anyio
+
+    boundary = "b0undary"
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; filename=\"x.jpg\"\r\n"
+            "Content-Type: image/jpeg\r\n\r\n").encode() + b"\xff\xd8\xff" + b"\0" * 200_000
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"127.0.0.1"), (b"content-type", f"multipart/form-data; boundary={boundary}".encode()),
+                         (b"content-length", b"1000000")],
+             "client": ("127.0.0.1", 5555), "server": ("127.0.0.1", 8000), "state": {}}
+    chunks = [{"type": "http.request", "body": head, "more_body": True}]
+    sent: list[dict] = []
+
+    async def receive():
+        return chunks.pop(0) if chunks else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    anyio.run(app, scope, receive, send)  # raises if the error escaped to the server
+    return sent
+
+
+def test_an_abandoned_upload_is_a_499_not_a_500(tiny_index_pair, service, caplog):
+    app = create_app(_settings(tiny_index_pair, ui=True), service=service)
+    for path, field in (("/api/search/image", "file"), ("/ui/gradio_api/upload", "files")):
+        with caplog.at_level("INFO"):
+            sent = _abandoned_upload(app, path, field)
+        assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [499], (path, sent)
+        assert "the client went away" in caplog.text and "Traceback" not in caplog.text
+        caplog.clear()
+    metrics = TestClient(app).get("/metrics").text
+    assert 'status="499"' in metrics and not re.search(r'status="5\d\d"', metrics)

@@ -20,7 +20,7 @@ from pathlib import Path
 import anyio
 from fastapi import FastAPI
 
-from app.api.errors import install_error_handlers
+from app.api.errors import ClientGoneMiddleware, install_error_handlers
 from app.api.limits import BodyLimitMiddleware, body_limits
 from app.api.prom import PrometheusMiddleware, Registry
 from app.api.routers import caption, deps, docs, health, media, metrics, search
@@ -150,6 +150,7 @@ def create_app(settings: Settings | None = None, service: SearchService | None =
     metrics.register_service_collectors(registry, service)
     app.state.metrics = registry
     install_error_handlers(app)
+    app.add_middleware(ClientGoneMiddleware)  # innermost: sees the Gradio mount's errors too
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limits(settings))
     token = settings.api_token.get_secret_value() if settings.api_token else None
     app.add_middleware(AccessMiddleware, token=token, allowed_hosts=settings.allowed_hosts,
