@@ -289,7 +289,7 @@ class SearchService:
         finds the image again under each retrieval model (rank among the index's images)."""
         if not 1 <= beam <= 20:
             raise BadRequest(f"beam must be in [1, 20], got {beam}")
-        names = captioners or [n for n in self.captioners.names if n in self.captioners.entries]
+        names = list(dict.fromkeys(captioners or [n for n in self.captioners.names if n in self.captioners.entries]))
         if not names:
             raise NotFound("this server has no captioner: start it with --captioner NAME=CHECKPOINT")
         entries = [self.captioners.get(n) for n in names]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from app.api.routers.bodies import body_doc, json_body, media_type, unsupported, upload_form, validate
 from app.api.routers.deps import COMMON_ERRORS, errors, get_service, get_settings, json_model
@@ -15,7 +15,7 @@ from app.api.schemas import (
     Beam,
     CaptionCheckRequest,
     CaptionCheckResponse,
-    CaptionerName,
+    Captioners,
     CaptionRequest,
     CaptionResponse,
     QueryText,
@@ -37,7 +37,7 @@ CHECK_FORM = {"type": "object", "required": ["file", "caption"], "additionalProp
 class _CaptionForm(BaseModel):
     model_config = ConfigDict(extra="forbid")
     beam: Beam = 5
-    captioners: Annotated[list[CaptionerName], Field(min_length=1, max_length=8)] = None  # type: ignore[assignment]
+    captioners: Captioners = None  # type: ignore[assignment]
 
 
 class _CheckForm(BaseModel):
