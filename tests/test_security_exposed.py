@@ -227,3 +227,111 @@ def test_an_abandoned_upload_is_a_499_not_a_500(tiny_index_pair, service, caplog
         caplog.clear()
     metrics = TestClient(app).get("/metrics").text
     assert 'status="499"' in metrics and not re.search(r'status="5\d\d"', metrics)
+
+
+# ---- 7: files served are files the index owns ----------------------------------------------------
+def _rewrite_images_meta(index: Path, edit, legacy: bool = False) -> None:
+    """Change an index's images.json and recompute the manifest's size and sha256 for it, as an attacker
+    with write access to the index folder would; ``legacy``: also drop the recorded image folders, as in
+    an index written before they were recorded."""
+    from training.fsio import sha256_file
+
+    mf = json.loads((index / "manifest.json").read_text())
+    entry = mf["files"]["images.json"]
+    meta_path = index / entry["file"]
+    meta = json.loads(meta_path.read_text())
+    edit(meta)
+    meta_path.write_text(json.dumps(meta))
+    entry["bytes"], entry["sha256"] = meta_path.stat().st_size, sha256_file(meta_path)
+    if legacy:
+        mf.pop("image_roots", None)
+    (index / "manifest.json").write_text(json.dumps(mf))
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_crafted_index_cannot_serve_other_files(tiny_index_pair, tmp_path, legacy):
+    """images.json naming /etc/passwd (hashes recomputed): refused. With its image folders recorded,
+    nothing outside them is served; an old index (no folders recorded) still serves image files only."""
+    crafted = _copy_index(tiny_index_pair, "bl", tmp_path)
+    ids_paths = {}
+
+    def plant(meta):
+        root = Path(meta["paths"][0]).parent
+        secret = tmp_path / "secret.jpg"
+        secret.write_bytes(b"\xff\xd8\xff" + b"SECRET" * 10)  # an 'image' outside the images folder
+        link = tmp_path / "link-to-passwd.jpg"
+        link.symlink_to("/etc/passwd")
+        text = tmp_path / "notes.txt"
+        text.write_text("root:x:0:0:SECRET")
+        attacks = ["/etc/passwd", str(link), str(text)]
+        if not legacy:  # outside the recorded folders, however it is named
+            attacks += [str(secret), f"{root}/../../{secret.name}"]
+        for k, p in enumerate(attacks, start=1):
+            meta["paths"][k] = p
+            ids_paths[meta["ids"][k]] = p
+        ids_paths["good"] = meta["ids"][0]
+
+    _rewrite_images_meta(crafted, plant, legacy=legacy)
+    svc = SearchService({"bl": str(crafted)})
+    svc.load()
+    with TestClient(create_app(_settings(tiny_index_pair, models={"bl": str(crafted)}), service=svc)) as c:
+        assert c.get(f"/api/images/{ids_paths.pop('good')}").headers["content-type"] == "image/jpeg"
+        for image_id, planted in ids_paths.items():
+            for url in (f"/api/images/{image_id}", f"/api/images/{image_id}/thumbnail"):
+                r = c.get(url)
+                assert r.status_code == 404 and "SECRET" not in r.text and "root:" not in r.text, (planted, r.text)
+                assert str(tmp_path) not in r.text
+    svc.close()
+
+
+def test_only_image_files_are_served(tmp_path):
+    from search import NotFound
+    from search.files import servable_image
+
+    (tmp_path / "a.jpg").write_bytes(b"\xff\xd8\xff\xe0rest")
+    assert servable_image(tmp_path / "a.jpg", "image 1") == tmp_path / "a.jpg"
+    (tmp_path / "fake.png").write_text("not a png")
+    (tmp_path / "dir.jpg").mkdir()
+    for bad in (Path("/etc/passwd"), tmp_path / "fake.png", tmp_path / "dir.jpg", tmp_path / "gone.jpg"):
+        with pytest.raises(NotFound):
+            servable_image(bad, "image 2")
+
+
+# ---- 6: the thumbnail folder is private ------------------------------------------------------------
+def test_thumbnail_folder_is_private_and_planted_links_are_not_followed(tmp_path, monkeypatch):
+    import os
+    import stat
+
+    from PIL import Image
+
+    from search.media import Thumbnails, default_thumb_dir
+
+    monkeypatch.delenv("LTD_UI_THUMBS", raising=False)
+    assert default_thumb_dir().is_relative_to(os.environ["LTD_CACHE_DIR"])  # not a shared /tmp name
+    image = tmp_path / "image.jpg"
+    Image.new("RGB", (80, 60), (10, 200, 30)).save(image)
+    thumbs = Thumbnails(folder=tmp_path / "thumbs")
+    out = thumbs.file(("bl", 1), image, 64)
+    assert stat.S_IMODE(os.stat(tmp_path / "thumbs").st_mode) == 0o700 and out.parent == tmp_path / "thumbs"
+    # a link planted under the file's name is replaced, never followed (nor its target overwritten)
+    target = tmp_path / "victim.txt"
+    target.write_text("keep me")
+    out.unlink()
+    out.symlink_to(target)
+    again = Thumbnails(folder=tmp_path / "thumbs").file(("bl", 1), image, 64)
+    assert again == out and not out.is_symlink() and target.read_text() == "keep me"
+    # a folder prepared by someone else (a link, open to others, another owner) is not used
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "open").mkdir(mode=0o777)
+    os.chmod(tmp_path / "open", 0o777)
+    bad = [tmp_path / "linked", tmp_path / "open"]
+    if os.geteuid() == 0:
+        (tmp_path / "theirs").mkdir(mode=0o700)
+        os.chown(tmp_path / "theirs", 12345, 12345)
+        bad.append(tmp_path / "theirs")
+    for folder in bad:
+        used = Thumbnails(folder=folder).file(("bl", 1), image, 64).parent
+        assert used != folder and not used.is_relative_to(folder.resolve()), folder
+        assert stat.S_IMODE(os.stat(used).st_mode) == 0o700
+    assert not any((tmp_path / "elsewhere").iterdir())

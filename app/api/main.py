@@ -75,6 +75,7 @@ def _mount_ui(app: FastAPI, service: SearchService, settings: Settings) -> None:
     blocks = build_ui(service, limits=limits, thumb_url=deps.thumbnail_url)
     gr.mount_gradio_app(app, blocks, path="/ui", theme=THEME, css=CSS, max_file_size=settings.max_upload_bytes,
                         blocked_paths=_private_paths(settings), run_history=False, enable_monitoring=False,
+                        allowed_paths=[str(service.thumbnails.private_folder())],  # gallery thumbnails
                         mcp_server=False)
     # gr.mount_gradio_app never marks the Blocks as launched, and Gradio checks that a file path sent
     # as an input was uploaded through the UI only for launched Blocks: without this, any client could
