@@ -19,14 +19,17 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
-    """Feature/target caches of the tests never touch the user's ~/.cache/ltd."""
-    old = os.environ.get("LTD_CACHE_DIR")
+    """Feature/target caches of the tests never touch the user's ~/.cache/ltd, and the UI's uploads
+    (Gradio's folder) go to one private folder of the session from the start."""
+    old = {k: os.environ.get(k) for k in ("LTD_CACHE_DIR", "GRADIO_TEMP_DIR")}
     os.environ["LTD_CACHE_DIR"] = str(tmp_path_factory.mktemp("ltd_cache"))
+    os.environ["GRADIO_TEMP_DIR"] = str(tmp_path_factory.mktemp("gradio_uploads"))
     yield
-    if old is None:
-        os.environ.pop("LTD_CACHE_DIR", None)
-    else:
-        os.environ["LTD_CACHE_DIR"] = old
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def write_karpathy(root: Path, n_images: int = 6, *, name: str = "dataset_test.json", splits=None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -72,6 +73,7 @@ def _mount_ui(app: FastAPI, service: SearchService, settings: Settings) -> None:
     from ui.theme import CSS, THEME
 
     limits = UILimits(max_upload_bytes=settings.max_upload_bytes, max_query_chars=settings.max_query_chars)
+    ui_upload_folder()  # before the Blocks exist: each component records Gradio's folder when built
     blocks = build_ui(service, limits=limits, thumb_url=deps.thumbnail_url)
     gr.mount_gradio_app(app, blocks, path="/ui", theme=THEME, css=CSS, max_file_size=settings.max_upload_bytes,
                         blocked_paths=_private_paths(settings), run_history=False, enable_monitoring=False,
@@ -82,6 +84,30 @@ def _mount_ui(app: FastAPI, service: SearchService, settings: Settings) -> None:
     # name any file on the server as an "image" and have it copied into Gradio's cache and served.
     blocks.has_launched = True
     app.state.ui_mounted = True
+
+
+def ui_upload_folder() -> Path:
+    """Gradio's upload folder, private to this user (search/files.py): ``$GRADIO_TEMP_DIR`` when set
+    (PermissionError when it is not private), else ``ui-uploads`` in the cache folder (or a private
+    temporary folder), exported as ``$GRADIO_TEMP_DIR`` for Gradio and the worker processes. Gradio's
+    default, ``$TMPDIR/gradio``, is shared and predictable."""
+    from search.files import private_folder, private_folder_or_temp
+    from training.features import default_cache_dir
+
+    if os.environ.get("GRADIO_TEMP_DIR"):
+        return private_folder(os.environ["GRADIO_TEMP_DIR"])
+    folder = private_folder_or_temp(default_cache_dir() / "ui-uploads", "ltd-ui-uploads-")
+    os.environ["GRADIO_TEMP_DIR"] = str(folder)
+    return folder
+
+
+def _ui_guard(app: FastAPI, settings: Settings) -> None:
+    from app.api.ui_guard import UIGuardMiddleware, UploadCache
+
+    folder = ui_upload_folder()
+    cache = UploadCache(folder, max_bytes=settings.ui_cache_bytes, max_age=settings.ui_cache_seconds,
+                        max_files=settings.ui_cache_files)
+    app.add_middleware(UIGuardMiddleware, upload_dir=folder, cache=cache)
 
 
 def _private_paths(settings: Settings) -> list[str]:
@@ -151,7 +177,9 @@ def create_app(settings: Settings | None = None, service: SearchService | None =
     metrics.register_service_collectors(registry, service)
     app.state.metrics = registry
     install_error_handlers(app)
-    app.add_middleware(ClientGoneMiddleware)  # innermost: sees the Gradio mount's errors too
+    if settings.ui:
+        _ui_guard(app, settings)  # innermost: sees only bodies already capped and authorised
+    app.add_middleware(ClientGoneMiddleware)  # sees the Gradio mount's errors too
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limits(settings))
     token = settings.api_token.get_secret_value() if settings.api_token else None
     app.add_middleware(AccessMiddleware, token=token, allowed_hosts=settings.allowed_hosts,

@@ -37,6 +37,11 @@ class Settings(BaseSettings, SearchConfig):
     max_json_bytes: int = Field(64 * 1024, ge=1024)
     # Bodies of the UI's own requests (Gradio's queue and API calls; file uploads use max_upload_bytes).
     max_ui_json_bytes: int = Field(256 * 1024, ge=1024)
+    # The UI's upload folder (Gradio's cache; $GRADIO_TEMP_DIR, else ui-uploads in the cache folder):
+    # files older than this, or beyond these totals, are deleted oldest first (app/api/ui_guard.py).
+    ui_cache_seconds: int = Field(3600, ge=60)
+    ui_cache_bytes: int = Field(512 * 1024 * 1024, ge=1024 * 1024)
+    ui_cache_files: int = Field(2000, ge=10)
     load_in_background: bool = True  # answer /api/health (503 "loading") while models load
     ui: bool = True  # mount the Gradio UI at /ui
     # Intra-op threads of torch (0 = torch's default, one per core). With text batching one thread
