@@ -35,14 +35,23 @@ def status(url: str, headers: dict | None = None) -> int | None:
 
 
 def start(args: list[str], log: Path, *, env: dict | None = None, ready_path: str = "/api/health",
-          ready_status: int = 200, timeout: float = STARTUP_S) -> tuple[subprocess.Popen, str]:
+          ready_status: int = 200, timeout: float = STARTUP_S, nofile: int | None = None) -> tuple[subprocess.Popen, str]:
     """Start `ltd serve ARGS --port P` (its own process group) and wait until ``ready_path`` answers
-    ``ready_status``; fails fast when the server exits or reports that no model could be loaded."""
+    ``ready_status``; fails fast when the server exits or reports that no model could be loaded.
+    ``nofile``: the server's descriptor limit (``ulimit -n``)."""
     port = free_port()
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", GRADIO_ANALYTICS_ENABLED="False", **(env or {}))
     fh = log.open("w")
+
+    def limit() -> None:
+        if nofile:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", *args, "--port", str(port)], cwd=ROOT,
-                            stdout=fh, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+                            stdout=fh, stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
+                            preexec_fn=limit if nofile else None)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + timeout
     while time.time() < deadline:
