@@ -88,7 +88,7 @@ class _Shedder:
         self.closing: set = set()  # closed by us, not yet gone (their descriptors are still open)
         self.timer: asyncio.TimerHandle | None = None
         self.shed = {"header timeout": 0, "body timeout": 0, "send timeout": 0, "evicted": 0, "refused": 0}
-        self.last_report = time.monotonic()
+        self.last_report = -QUIET_SECONDS  # the first connections shed are reported at once
         quiet_accept_errors(loop)
         log.info("connections: at most %d per process; headers within %gs, bodies at %g B/s after %gs",
                  self.cap, limits.header_timeout, limits.min_body_rate, limits.body_timeout)
@@ -111,8 +111,8 @@ class _Shedder:
 
     def report(self, now: float) -> None:
         if now - self.last_report >= QUIET_SECONDS and any(self.shed.values()):
-            log.warning("slow or excess connections closed in the last %.0f s: %s", now - self.last_report,
-                        ", ".join(f"{n} {why}" for why, n in self.shed.items() if n))
+            shed = ", ".join(f"{n} {why}" for why, n in self.shed.items() if n)
+            log.warning("slow or excess connections closed: %s", shed)
             self.shed = dict.fromkeys(self.shed, 0)
             self.last_report = now
 
