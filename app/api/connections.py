@@ -215,17 +215,19 @@ class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        idle = self._between_requests() and self.timeout_keep_alive_task is not None
-        before = self.cycle
+        before = self.cycle  # the hot path: one clock read per request, none per body chunk
+        idle = (before is None or before.response_complete) and self.timeout_keep_alive_task is not None
         super().data_received(data)
-        now = time.monotonic()
-        if idle:  # the first bytes of the next request on a kept-alive connection: its header clock starts
-            self.ltd_since = now
-        if self.cycle is not before and self.cycle is not None:  # headers complete: a new request
-            self.ltd_cycle, self.ltd_waited, self.ltd_received, self.ltd_last = self.cycle, 0.0, 0, now
-            self.ltd_shedder.open.pop(self, None)
-            self.ltd_shedder.open[self] = None  # the most recently active: evicted last
-        elif self.cycle is not None and self.cycle is self.ltd_cycle:
+        cycle = self.cycle
+        if cycle is not before:  # headers complete: a new request; its body clock starts
+            self.ltd_cycle, self.ltd_waited, self.ltd_received = cycle, 0.0, 0
+            self.ltd_last = time.monotonic()
+            recent = self.ltd_shedder.open
+            recent.pop(self, None)
+            recent[self] = None  # the most recently active: evicted last
+        elif idle:  # the first bytes of the next request on a kept-alive connection: its header clock starts
+            self.ltd_since = time.monotonic()
+        elif cycle is not None and cycle is self.ltd_cycle:
             self.ltd_received += len(data)
 
     # ---- the once-a-second check ---------------------------------------------------------------------
