@@ -7,7 +7,8 @@ back by ``/gradio_api/file=``: a public-URL proxy and a way to fill the disk. So
 to the mount (queue/join, call/*, run/*, api/*, component_server, …), before Gradio sees it:
 
 - a JSON body is parsed (in a worker thread when large) and every file value in it, however deeply
-  nested, must name a file inside the upload folder; a URL or any other path is refused (400);
+  nested, must name an existing file inside the upload folder; a URL or any other path is refused
+  (400), and so is a file the cache sweep removed (Gradio's own error would name the folder);
 - an upload (``/gradio_api/upload``) must be at most ``MAX_FILES_PER_UPLOAD`` images: after Gradio
   stores the files, each must start with an image type's magic bytes and open as an image (header
   only), or all of them are deleted and the answer is 415;
@@ -58,6 +59,8 @@ def check_file_values(data: object, upload_dir: Path) -> int:
                 real = os.path.realpath(path)
                 if os.path.commonpath([real, root]) != root or real == root:
                     raise ForbiddenFile("the UI accepts only files uploaded through it")
+                if not os.path.isfile(real):  # Gradio's own error would echo the server's folder
+                    raise ForbiddenFile("the uploaded file is gone (uploads are kept for a while); upload it again")
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
