@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from app.launch import add_arguments, data_parallel_command, worker_args
+from training.errors import UserFileNotFound, UserValueError
 
 log = logging.getLogger("ltd.train")
 
@@ -87,15 +88,15 @@ def resume_config(out: Path, config_arg: str | None, sets: list[str]):
     saved = out / "config.yaml"
     if not saved.is_file():
         what = "a checkpoint but no config.yaml" if (out / "checkpoint.pt").is_file() else "no run (no config.yaml)"
-        raise FileNotFoundError(f"--resume: {out} holds {what}; nothing to continue (train it without --resume, "
-                                "or name the run's folder with --out)")
+        raise UserFileNotFound(f"--resume: {out} holds {what}; nothing to continue (train it without --resume, "
+                               "or name the run's folder with --out)")
     cfg = load_config(saved)
     if config_arg or sets:
         changed = _differences(cfg.to_dict(), load_config(config_arg or saved, sets).to_dict())
         if changed:
-            raise ValueError(f"--resume continues {out} with its config.yaml; the command line would change "
-                             f"{', '.join(changed[:8])}{' …' if len(changed) > 8 else ''}. Drop --config/--set "
-                             "(or give the same values), or start a new run in another --out")
+            raise UserValueError(f"--resume continues {out} with its config.yaml; the command line would change "
+                                 f"{', '.join(changed[:8])}{' …' if len(changed) > 8 else ''}. Drop --config/--set "
+                                 "(or give the same values), or start a new run in another --out")
     if not (out / "checkpoint.pt").is_file():
         log.warning("%s stopped before its first checkpoint: nothing to continue from, so it trains again from the "
                     "start with its config.yaml", out)
