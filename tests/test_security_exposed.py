@@ -5,11 +5,13 @@ worker processes, Gradio's queue) are in tests/test_security_live.py and test_sl
 """
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -66,6 +68,68 @@ def test_a_deeply_nested_manifest_is_one_model_down(tiny_index_pair, tmp_path):
         assert h.status_code == 200 and h.json()["status"] == "degraded" and h.json()["loaded"] == ["bl"]
         assert "nested too deeply" in h.json()["down"]["ltd"]
         assert c.post("/api/search/text", json={"query": "a red square", "model": "bl"}).status_code == 200
+
+
+def _forge(index: Path, key: str, data: bytes) -> None:
+    """Replace one data file of an index and recompute its manifest entry, as someone with write access
+    to the folder would: the hash check passes, so the loader itself meets the broken bytes."""
+    from training.fsio import sha256_file
+
+    mf = json.loads((index / "manifest.json").read_text())
+    entry = mf["files"][key]
+    (index / entry["file"]).write_bytes(data)
+    entry["bytes"], entry["sha256"] = len(data), sha256_file(index / entry["file"])
+    (index / "manifest.json").write_text(json.dumps(mf))
+
+
+BREAKAGES = {  # name → how a copy of the ltd index is broken
+    "torn faiss": lambda ix: _forge(ix, "images.faiss", (ix / _entry(ix, "images.faiss")).read_bytes()[:100]),
+    "npy that asks for pickle": lambda ix: _forge(ix, "captions.npy", _pickled_npy()),
+    "meta not json": lambda ix: _forge(ix, "images.json", b"\xff\xfe{not json"),
+    "meta of the wrong shape": lambda ix: _forge(ix, "captions.json", b'{"ids": 7, "texts": null}'),
+    "manifest a list": lambda ix: (ix / "manifest.json").write_text("[1, 2]"),
+    "data file hash differs": lambda ix: (ix / _entry(ix, "captions.npy")).write_bytes(b"\0" * 64),
+    "checkpoint garbage": lambda ix: _forge_checkpoint(ix, b"PK\x03\x04 not a zip" * 10),
+}
+
+
+def _pickled_npy() -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.array([{"x": 1}, "y"], dtype=object), allow_pickle=True)
+    return buf.getvalue()
+
+
+def _entry(index: Path, key: str) -> str:
+    return json.loads((index / "manifest.json").read_text())["files"][key]["file"]
+
+
+def _forge_checkpoint(index: Path, data: bytes) -> None:
+    from training.fsio import sha256_file
+
+    ckpt = index.parent / "forged.pt"
+    ckpt.write_bytes(data)
+    mf = json.loads((index / "manifest.json").read_text())
+    mf["checkpoint"], mf["checkpoint_relative"], mf["checkpoint_sha256"] = str(ckpt), "../forged.pt", sha256_file(ckpt)
+    (index / "manifest.json").write_text(json.dumps(mf))
+
+
+def test_a_broken_model_of_any_kind_is_down_and_the_other_serves(tiny_index_pair, tmp_path):
+    models = {"bl": str(tiny_index_pair["bl"])}
+    for k, (breakage, breaks) in enumerate(sorted(BREAKAGES.items())):
+        broken = _copy_index(tiny_index_pair, "ltd", tmp_path / str(k))
+        breaks(broken)
+        models[f"broken{k}"] = str(broken)
+    svc = SearchService(models)
+    svc.load()
+    with TestClient(create_app(_settings(tiny_index_pair), service=svc)) as c:
+        h = c.get("/api/health")
+        assert h.status_code == 200 and h.json()["loaded"] == ["bl"], h.text
+        assert sorted(h.json()["down"]) == sorted(set(models) - {"bl"}), h.text
+        assert str(tmp_path) not in h.text and not ABS_PATH.search(h.text) and "Traceback" not in h.text, h.text
+        assert c.post("/api/search/text", json={"query": "a red square", "model": "bl"}).status_code == 200
+        r = c.post("/api/search/text", json={"query": "a red square", "model": "broken0"})
+        assert r.status_code == 503 and str(tmp_path) not in r.text
+    svc.close()
 
 
 # ---- 8: errors say what, never where ----------------------------------------------------------------
