@@ -9,9 +9,9 @@ import shutil
 
 import pytest
 import torch
+from conftest import TINY
 
 from app.cli import main
-from conftest import TINY
 
 SETS = [a for s in TINY for a in ("--set", s)]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import anyio
-
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
