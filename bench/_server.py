@@ -97,3 +97,31 @@ def rss_mb(pid: int) -> float:
 
 def model_args(pair: dict) -> list[str]:
     return ["--model", f"bl={pair['bl']}", "--model", f"ltd={pair['ltd']}"]
+
+
+def send_each(socks: list[socket.socket], data: bytes) -> None:
+    """One send on every socket; one the server has closed is skipped (callers count those later)."""
+    for s in socks:
+        with contextlib.suppress(OSError):
+            s.send(data)
+
+
+def dribble_headers(socks: list[socket.socket], seconds: float) -> None:
+    """The slow-headers attack: one more header line a second on every socket, never the blank line
+    that ends the headers."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        send_each(socks, b"X-Slow: 1\r\n")
+        time.sleep(1)
+
+
+def closed_by_server(s: socket.socket) -> bool:
+    """The server closed it (or answered and closed): reading does not block."""
+    s.setblocking(False)
+    try:
+        s.recv(64)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True

@@ -112,26 +112,11 @@ def hold(model_args: list[str], n_slow: int = 1100, seconds: float = 13.0) -> di
         out["connect_s"] = time.monotonic() - t0
         for s in socks:
             s.sendall(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            for s in socks:
-                try:
-                    s.send(b"X-Slow: 1\r\n")
-                except OSError:
-                    pass
-            time.sleep(1)
+        _server.dribble_headers(socks, seconds)
         stop.set()
         poller.join()
-        closed = 0
+        closed = sum(_server.closed_by_server(s) for s in socks)
         for s in socks:
-            s.setblocking(False)
-            try:
-                s.recv(64)
-                closed += 1
-            except BlockingIOError:
-                pass
-            except OSError:
-                closed += 1
             s.close()
     out.update(closed=closed, n_slow=n_slow, log_bytes=log.stat().st_size,
                worst_s=max(out["latencies"]), polls=len(out["latencies"]))

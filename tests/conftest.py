@@ -119,6 +119,25 @@ TINY_CAPTIONER = ["data.synthetic_images=60", "data.image_size=64", "data.min_wo
                   "model.hidden=32", "model.att_dim=32", "xe.epochs=2", "xe.batch_size=8", "train.log_every=1"]
 
 
+def pair_settings(pair: dict, **kw):
+    """Settings of an in-process app serving ``tiny_index_pair`` (no UI unless asked; models loaded before
+    the first request; default threads)."""
+    from app.api.settings import Settings
+
+    base = dict(models={"bl": str(pair["bl"]), "ltd": str(pair["ltd"])}, ui=False, load_in_background=False,
+                torch_threads=0, faiss_threads=0)
+    return Settings(**(base | kw))
+
+
+@pytest.fixture(scope="module")
+def pair_service(tiny_index_pair):
+    """A loaded search service over ``tiny_index_pair``, shared by a module's tests."""
+    svc = pair_settings(tiny_index_pair).search_service()
+    svc.load()
+    yield svc
+    svc.close()
+
+
 @pytest.fixture(scope="session")
 def tiny_captioner(tiny_index_pair, tmp_path_factory) -> Path:
     """A tiny XE captioner on the same synthetic scenes as ``tiny_index_pair``: its best.pt."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import pair_settings
 from fastapi.testclient import TestClient
 
 from app.api.main import create_app
@@ -22,18 +23,12 @@ from search import SearchService
 ABS_PATH = re.compile(r"(?<![\w.])/(?:tmp|home|root|work|etc|usr|var|opt)/")
 
 
-def _settings(pair, **kw) -> Settings:
-    base = dict(models={"bl": str(pair["bl"]), "ltd": str(pair["ltd"])}, ui=False, load_in_background=False,
-                torch_threads=0, faiss_threads=0)
-    return Settings(**(base | kw))
+_settings = pair_settings
 
 
 @pytest.fixture(scope="module")
-def service(tiny_index_pair) -> SearchService:
-    svc = _settings(tiny_index_pair).search_service()
-    svc.load()
-    yield svc
-    svc.close()
+def service(pair_service) -> SearchService:
+    return pair_service
 
 
 @pytest.fixture(scope="module")

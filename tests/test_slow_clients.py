@@ -39,18 +39,6 @@ def _port(base: str) -> int:
     return int(base.rsplit(":", 1)[1])
 
 
-def _closed(s: socket.socket) -> bool:
-    """The server closed it (or answered and closed): reading does not block."""
-    s.setblocking(False)
-    try:
-        s.recv(64)
-        return True
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
-
-
 def test_slow_headers_under_a_1024_descriptor_limit(tiny_index_pair, tmp_path):
     _raise_own_limit(N_SLOW + 200)
     log = tmp_path / "serve.log"
@@ -78,18 +66,11 @@ def test_slow_headers_under_a_1024_descriptor_limit(tiny_index_pair, tmp_path):
                 s = socket.create_connection(("127.0.0.1", _port(base)), timeout=10)
                 s.sendall(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
                 socks.append(s)
-            t_end = time.monotonic() + 13  # past the 10 s header deadline
-            while time.monotonic() < t_end:
-                for s in socks:
-                    try:
-                        s.send(b"X-Slow: 1\r\n")
-                    except OSError:
-                        pass
-                time.sleep(1)
+            live.dribble_headers(socks, 13)  # past the 10 s header deadline
         finally:
             stop.set()
             poller.join()
-        closed = sum(_closed(s) for s in socks)
+        closed = sum(live.closed_by_server(s) for s in socks)
         for s in socks:
             s.close()
         assert not failures and worst[0] < 3.0, (failures[:3], worst[0])
@@ -132,11 +113,7 @@ def test_slow_bodies_are_cut_honest_slow_uploads_are_not(tiny_index_pair, tmp_pa
         t0 = time.monotonic()
         for k in range(0, len(b2), 8000):  # 40 KB/s for 4 s: slow, but well above the minimum rate
             honest.sendall(b2[k:k + 8000])
-            for s in trickles:
-                try:
-                    s.send(b"x")
-                except OSError:
-                    pass
+            live.send_each(trickles, b"x")
             time.sleep(0.2)
         answer = honest.recv(200)
         assert answer.startswith(b"HTTP/1.1 200"), answer

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import pair_settings
 from fastapi.testclient import TestClient
 from PIL import Image
 
@@ -24,17 +25,12 @@ URLS = ["http://example.com/cat.png", "https://93.184.215.14/x.jpg", "HTTP://exa
 
 
 def _settings(pair, **kw) -> Settings:
-    base = dict(models={"bl": str(pair["bl"]), "ltd": str(pair["ltd"])}, ui=True, load_in_background=False,
-                torch_threads=0, faiss_threads=0)
-    return Settings(**(base | kw))
+    return pair_settings(pair, **({"ui": True} | kw))
 
 
 @pytest.fixture(scope="module")
-def service(tiny_index_pair) -> SearchService:
-    svc = _settings(tiny_index_pair).search_service()
-    svc.load()
-    yield svc
-    svc.close()
+def service(pair_service) -> SearchService:
+    return pair_service
 
 
 @pytest.fixture
