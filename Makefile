@@ -7,7 +7,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: demo test install install-test browser-deps java-deps bench docs lint clean
+.PHONY: demo test install install-test browser-deps java-deps bench docs lint clean docker-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -64,6 +64,13 @@ bench: install-test
 	$(BIN)/python bench/train_throughput.py
 	$(BIN)/python bench/eval_speed.py
 	$(BIN)/python bench/data_synth.py
+
+# Build the image and smoke-test it (ltd demo and ltd serve as the non-root user: health, a text search,
+# an upload, the UI page). Not part of `make test`: it needs a Docker daemon. Where python:3.11-slim
+# cannot be pulled, docker/check.sh builds a local Debian base (root + debootstrap: docker/local-base.sh).
+BASE_IMAGE ?= python:3.11-slim
+docker-check:
+	BASE_IMAGE="$(BASE_IMAGE)" docker/check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache build site *.egg-info

@@ -35,14 +35,23 @@ def status(url: str, headers: dict | None = None) -> int | None:
 
 
 def start(args: list[str], log: Path, *, env: dict | None = None, ready_path: str = "/api/health",
-          ready_status: int = 200, timeout: float = STARTUP_S) -> tuple[subprocess.Popen, str]:
+          ready_status: int = 200, timeout: float = STARTUP_S, nofile: int | None = None) -> tuple[subprocess.Popen, str]:
     """Start `ltd serve ARGS --port P` (its own process group) and wait until ``ready_path`` answers
-    ``ready_status``; fails fast when the server exits or reports that no model could be loaded."""
+    ``ready_status``; fails fast when the server exits or reports that no model could be loaded.
+    ``nofile``: the server's descriptor limit (``ulimit -n``)."""
     port = free_port()
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", GRADIO_ANALYTICS_ENABLED="False", **(env or {}))
     fh = log.open("w")
+
+    def limit() -> None:
+        if nofile:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", *args, "--port", str(port)], cwd=ROOT,
-                            stdout=fh, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+                            stdout=fh, stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
+                            preexec_fn=limit if nofile else None)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -88,3 +97,31 @@ def rss_mb(pid: int) -> float:
 
 def model_args(pair: dict) -> list[str]:
     return ["--model", f"bl={pair['bl']}", "--model", f"ltd={pair['ltd']}"]
+
+
+def send_each(socks: list[socket.socket], data: bytes) -> None:
+    """One send on every socket; one the server has closed is skipped (callers count those later)."""
+    for s in socks:
+        with contextlib.suppress(OSError):
+            s.send(data)
+
+
+def dribble_headers(socks: list[socket.socket], seconds: float) -> None:
+    """The slow-headers attack: one more header line a second on every socket, never the blank line
+    that ends the headers."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        send_each(socks, b"X-Slow: 1\r\n")
+        time.sleep(1)
+
+
+def closed_by_server(s: socket.socket) -> bool:
+    """The server closed it (or answered and closed): reading does not block."""
+    s.setblocking(False)
+    try:
+        s.recv(64)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True

@@ -120,9 +120,14 @@ def read_manifest(path: str | Path) -> dict:
     if not mf.is_file():
         raise IndexDirError(f"{path} is not an index directory (no manifest.json); build one with `ltd index`")
     try:
-        return json.loads(mf.read_text())
+        manifest = json.loads(mf.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise IndexDirError(f"{mf} is corrupt: {e}") from None
+    except RecursionError:  # a crafted, deeply nested manifest must not escape as a crash of the caller
+        raise IndexDirError(f"{mf} is corrupt: nested too deeply") from None
+    if not isinstance(manifest, dict):
+        raise IndexDirError(f"{mf} is corrupt: not a JSON object")
+    return manifest
 
 
 def _data_name(modality: str, kind: str, generation: int) -> str:
@@ -285,6 +290,8 @@ def _load_modality(path: Path, manifest: dict, name: str, mmap: bool = False) ->
         vectors = np.load(path / files[f"{name}.npy"]["file"], mmap_mode="r", allow_pickle=False)
     except (OSError, json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
         raise IndexDirError(f"{path}: cannot read {name} ({e})") from None
+    except RecursionError:
+        raise IndexDirError(f"{path}: cannot read {name} (nested too deeply)") from None
     spec = (manifest.get("indexes") or {}).get(name) or {"factory": manifest.get("factory", "Flat")}
     index = VectorIndex.load(path / files[f"{name}.faiss"]["file"], spec.get("factory") or "Flat",
                              nprobe=spec.get("nprobe"), rerank=int(spec.get("rerank") or 0), exact=vectors, mmap=mmap)

@@ -23,6 +23,7 @@ from search.errors import (
            SearchError,
            Unsupported,
            UnsupportedMediaType,
+           redact_paths,
 )
 from search.explain import Explanation, ModelAttribution, WordAttribution
 from search.ranking import CompareResult, Hit, SearchResult
@@ -31,4 +32,4 @@ from search.word_usage import WordStat, WordUsage
 
 __all__ = ["REPORT_KEYS", "BadRequest", "Busy", "CompareResult", "EmbeddingMap", "Explanation", "Hit",
            "ModelAttribution", "NotFound", "NotReady", "SearchConfig", "SearchError", "SearchResult", "SearchService",
-           "Unsupported", "UnsupportedMediaType", "WordAttribution", "WordStat", "WordUsage"]
+           "Unsupported", "UnsupportedMediaType", "WordAttribution", "WordStat", "WordUsage", "redact_paths"]

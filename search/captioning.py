@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from search.errors import NotFound, NotReady
-from search.registry import ModelEntry
+from search.errors import NotFound, NotReady, redact_paths
+from search.registry import ModelEntry, warm_up
 from training.fsio import sha256_file
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ class CaptionerRegistry:
         size = cfg.data.image_size
         if size not in self._backbones:
             self._backbones[size] = EfficientNetLite0("grid", image_size=size).eval()
+            warm_up(self._backbones[size])  # before request threads: see registry.warm_up
         stage = ckpt.get("stage")
         info = {"stage": stage, "alpha": cfg.scst.alpha if stage == "scst" else None,
                 "labelled_fraction": cfg.data.labelled_fraction, "judge": (ckpt.get("judge") or {}).get("name"),
@@ -85,7 +86,7 @@ class CaptionerRegistry:
         if name not in self.specs:
             raise NotFound(f"unknown captioner {name!r}; served captioners: {', '.join(self.names) or 'none'}")
         if name in self.failed:
-            raise NotReady(f"captioner {name} is down: {self.failed[name]}")
+            raise NotReady(f"captioner {name} is down: {redact_paths(self.failed[name])}")
         if name not in self.entries:
             raise NotReady("captioners are still loading")
         return self.entries[name]

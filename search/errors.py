@@ -2,6 +2,8 @@
 (app/api/errors.py) and the UI (a notice) decide how to show them."""
 from __future__ import annotations
 
+import re
+
 
 class SearchError(Exception):
     """A request the search service cannot answer; ``detail`` says why, ``extra`` adds fields."""
@@ -34,3 +36,14 @@ class Unsupported(SearchError):
 
 class UnsupportedMediaType(SearchError):
     """An upload that is not an image of an accepted type."""
+
+
+# A path with at least one folder: absolute (/a/b), home-relative (~/a) or relative (../a, ./a).
+# Components stop at whitespace, quotes, brackets and the separators of flags (=, @, :, ,).
+_PATH = re.compile(r"(?<![\w./~-])(?:~|\.\.?)?/(?:[^\s/'\"`,;:=@()<>\[\]{}]+/)+([^\s/'\"`,;:=@()<>\[\]{}]*)")
+
+
+def redact_paths(text: str) -> str:
+    """``text`` with every file path cut to its last part: errors that reach clients say what is wrong
+    (``manifest.json is corrupt``), never where the server keeps its files."""
+    return _PATH.sub(lambda m: m.group(1) or "…", text)

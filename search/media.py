@@ -4,40 +4,26 @@ An upload is refused unless its first bytes name an accepted image type; it then
 pixel budget (a JPEG at reduced DCT scale first, its short side kept at least twice the model's input,
 so a 40-megapixel photo never decodes at full size), at most ``max_concurrent`` at a time, and after
 a large decode the freed heap is handed back to the OS. Thumbnails are JPEGs kept in an LRU cache,
-and (for galleries that serve files) written once to a folder.
+and (for galleries that serve files) written once to a private folder (search/files.py).
 """
 from __future__ import annotations
 
 import hashlib
 import io
-import tempfile
 import threading
 from collections import OrderedDict
 from pathlib import Path
 
 import torch
 
-from search.errors import BadRequest, Busy, NotFound, Unsupported, UnsupportedMediaType
+from search.errors import BadRequest, Busy, NotFound, Unsupported, UnsupportedMediaType, redact_paths
+from search.files import is_own_file, private_folder_or_temp, sniff_image_type, write_private
 from search.registry import ModelEntry
 from training.data.images import ImageError, load_image
-from training.env import environment
-from training.fsio import atomic_write_bytes
+from training.env import default_cache_dir, environment
 
-# Magic numbers of the formats load_image accepts; anything else is refused before decoding.
-_MAGIC = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"),
-          (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
 ACCEPTED = "JPEG, PNG, WebP, BMP, GIF, TIFF"
 _BIG_DECODE = 4_000_000  # pixels: after a decode this large, give the freed memory back
-
-
-def sniff_image_type(data: bytes) -> str | None:
-    """The image format named by the first bytes, or None when they are not an accepted image type."""
-    for magic, fmt in _MAGIC:
-        if data.startswith(magic):
-            return fmt
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "WEBP"
-    return None
 
 
 def release_free_memory() -> None:
@@ -89,7 +75,9 @@ class UploadDecoder:
 
 
 def default_thumb_dir() -> Path:
-    return Path(environment().ui_thumbs or Path(tempfile.gettempdir()) / "ltd-ui-thumbs")
+    """``$LTD_UI_THUMBS``, else ``ui-thumbs`` in the cache folder ($LTD_CACHE_DIR or ~/.cache/ltd): never a
+    shared, predictable temporary folder."""
+    return Path(environment().ui_thumbs or default_cache_dir() / "ui-thumbs")
 
 
 class Thumbnails:
@@ -98,8 +86,17 @@ class Thumbnails:
     def __init__(self, capacity: int = 2048, folder: Path | None = None):
         self.capacity = capacity
         self.folder = folder or default_thumb_dir()
+        self._checked: tuple[Path, Path] | None = None  # (folder asked for, private folder used)
         self._cache: OrderedDict[tuple, bytes] = OrderedDict()
         self._lock = threading.Lock()
+
+    def private_folder(self) -> Path:
+        """The folder thumbnail files go to: ``folder`` once checked private (created 0700), or a
+        private temporary folder when it cannot be (search/files.py)."""
+        with self._lock:
+            if self._checked is None or self._checked[0] != self.folder:
+                self._checked = (self.folder, private_folder_or_temp(self.folder, "ltd-ui-thumbs-"))
+            return self._checked[1]
 
     def jpeg(self, key: tuple, path: Path, size: int) -> bytes:
         """The thumbnail of ``path`` whose longest side is ``size`` (32–1024), cached under ``key``."""
@@ -112,7 +109,7 @@ class Thumbnails:
         try:
             img = load_image(path)
         except ImageError as err:
-            raise NotFound(f"image cannot be read: {err}") from None
+            raise NotFound(f"image cannot be read: {redact_paths(str(err))}") from None
         img.thumbnail((size, size))
         buf = io.BytesIO()
         img.save(buf, "JPEG", quality=85)
@@ -124,9 +121,11 @@ class Thumbnails:
         return data
 
     def file(self, key: tuple, path: Path, size: int) -> Path:
-        """The thumbnail written to the thumbnails folder (for UI galleries, which serve files)."""
+        """The thumbnail written to the private thumbnails folder (for UI galleries, which serve files).
+        Its name is a hash: nothing a client sends becomes part of a file name."""
         data = self.jpeg(key, path, size)
-        out = self.folder / f"{'_'.join(map(str, key))}_{size}_{hashlib.sha1(data).hexdigest()[:16]}.jpg"
-        if not out.is_file():
-            atomic_write_bytes(out, data, durable=False)  # a cache: rebuilt when lost
+        name = hashlib.sha256(repr((*key, size)).encode()).hexdigest()[:24]
+        out = self.private_folder() / f"{name}_{hashlib.sha1(data).hexdigest()[:16]}.jpg"
+        if not is_own_file(out, len(data)):
+            write_private(out, data)  # a cache: rebuilt when lost
         return out

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from indexer.build import load_model
 from indexer.evaluate import load_report
@@ -28,7 +29,7 @@ from indexer.index import (
     relative_to_index,
     resolve_checkpoint,
 )
-from search.errors import NotFound, NotReady
+from search.errors import NotFound, NotReady, redact_paths
 from training.errors import Unavailable, UserValueError
 from training.fsio import sha256_file
 from training.models.dual_encoder import DualEncoder
@@ -76,6 +77,16 @@ class ModelEntry:
         return pos
 
 
+def warm_up(backbone, device: str | torch.device = "cpu") -> None:
+    """Run the image backbone once, before any request thread does. Its runtime is built on the first
+    call (an OpenVINO compile: seconds) and, with OpenVINO, the first calls from several threads at
+    once can deadlock inside its bindings with the GIL held (pybind11's one-time numpy set-up): 8
+    concurrent uploads to a fresh server hung it for good, /api/health included (measured)."""
+    size = backbone.preprocess.size
+    with torch.no_grad():
+        backbone.extract(torch.zeros(1, 3, size, size, device=device))
+
+
 def load_entry(name: str, path: Path, *, checkpoint: Path | None = None, device: str = "cpu",
                verify: str = "hash") -> ModelEntry:
     manifest = read_manifest(path)
@@ -88,6 +99,8 @@ def load_entry(name: str, path: Path, *, checkpoint: Path | None = None, device:
     ix = load_index_dir(path, checkpoint_sha256=sha, verify=verify, mmap=True)  # IVF lists mapped, not read
     lm = load_model(ckpt, device)
     lm.model.eval()  # once: encoding calls the submodules directly, from many threads
+    if lm.model.image.backbone is not None:
+        warm_up(lm.model.image.backbone, device)
     run_dir = ckpt.parent if (ckpt.parent / "metrics.jsonl").is_file() else None
     return ModelEntry(name=name, index=ix, model=lm.model, checkpoint=ckpt, sha256=sha,
                       report=load_report(path, ix.generation), run_dir=run_dir,
@@ -183,7 +196,7 @@ class ModelRegistry:
         if name not in self.specs:
             raise NotFound(f"unknown model {name!r}; valid models: {', '.join(self.names)}", valid_models=self.names)
         if name in self.failed:
-            raise NotReady(f"model {name} is down: {self.failed[name]}")
+            raise NotReady(f"model {name} is down: {redact_paths(self.failed[name])}")
         if name not in self.entries:
             raise NotReady("models are still loading")
         return self.entries[name]

@@ -20,6 +20,7 @@ from search.encoding import QueryEncoder, clean_query
 from search.errors import BadRequest, NotFound
 from search.explain import Explanation
 from search.explainer import Explainer
+from search.files import servable_image
 from search.media import Thumbnails, UploadDecoder
 from search.ranking import CompareResult, Query, SearchResult, compare_results, rank
 from search.registry import ModelEntry, ModelRegistry, public_manifest
@@ -298,7 +299,7 @@ class SearchService:
         finds the image again under each retrieval model (rank among the index's images)."""
         if not 1 <= beam <= 20:
             raise BadRequest(f"beam must be in [1, 20], got {beam}")
-        names = captioners or [n for n in self.captioners.names if n in self.captioners.entries]
+        names = list(dict.fromkeys(captioners or [n for n in self.captioners.names if n in self.captioners.entries]))
         if not names:
             raise NotFound("this server has no captioner: start it with --captioner NAME=CHECKPOINT")
         entries = [self.captioners.get(n) for n in names]
@@ -334,7 +335,8 @@ class SearchService:
 
     # ---- images -------------------------------------------------------------------------------
     def image_path(self, image_id: int, model: str | None = None) -> Path:
-        """Only files that belong to a loaded index are served (ids, never paths, come in)."""
+        """Only files that belong to a loaded index are served (ids, never paths, come in), and of
+        those only image files inside the index's images folders (search/files.py)."""
         entries = [self.get(model)] if model else list(self.entries.values())
         for e in entries:
             pos = e.image_pos.get(int(image_id))
@@ -344,9 +346,7 @@ class SearchService:
                 except IndexDirError:
                     raise NotFound(f"image {image_id} is not served: its file lies outside the index's image "
                                    "folders") from None
-                if not path.is_file():
-                    raise NotFound(f"image {image_id} is in the index, but its file is missing on the server")
-                return path
+                return servable_image(path, f"image {image_id}")  # an image file, by extension and bytes
         raise NotFound(f"image id {image_id} is not in any loaded index" + (f" of model {model}" if model else ""))
 
     def thumbnail(self, image_id: int, size: int = 256, model: str | None = None) -> bytes:

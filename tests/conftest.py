@@ -19,14 +19,17 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
-    """Feature/target caches of the tests never touch the user's ~/.cache/ltd."""
-    old = os.environ.get("LTD_CACHE_DIR")
+    """Feature/target caches of the tests never touch the user's ~/.cache/ltd, and the UI's uploads
+    (Gradio's folder) go to one private folder of the session from the start."""
+    old = {k: os.environ.get(k) for k in ("LTD_CACHE_DIR", "GRADIO_TEMP_DIR")}
     os.environ["LTD_CACHE_DIR"] = str(tmp_path_factory.mktemp("ltd_cache"))
+    os.environ["GRADIO_TEMP_DIR"] = str(tmp_path_factory.mktemp("gradio_uploads"))
     yield
-    if old is None:
-        os.environ.pop("LTD_CACHE_DIR", None)
-    else:
-        os.environ["LTD_CACHE_DIR"] = old
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def write_karpathy(root: Path, n_images: int = 6, *, name: str = "dataset_test.json", splits=None,
@@ -114,6 +117,25 @@ def tiny_index_pair(tmp_path_factory):
 
 TINY_CAPTIONER = ["data.synthetic_images=60", "data.image_size=64", "data.min_word_count=2", "model.word_dim=32",
                   "model.hidden=32", "model.att_dim=32", "xe.epochs=2", "xe.batch_size=8", "train.log_every=1"]
+
+
+def pair_settings(pair: dict, **kw):
+    """Settings of an in-process app serving ``tiny_index_pair`` (no UI unless asked; models loaded before
+    the first request; default threads)."""
+    from app.api.settings import Settings
+
+    base = dict(models={"bl": str(pair["bl"]), "ltd": str(pair["ltd"])}, ui=False, load_in_background=False,
+                torch_threads=0, faiss_threads=0)
+    return Settings(**(base | kw))
+
+
+@pytest.fixture(scope="module")
+def pair_service(tiny_index_pair):
+    """A loaded search service over ``tiny_index_pair``, shared by a module's tests."""
+    svc = pair_settings(tiny_index_pair).search_service()
+    svc.load()
+    yield svc
+    svc.close()
 
 
 @pytest.fixture(scope="session")

@@ -120,8 +120,14 @@ def test_rest_caption_and_check(client, image_id, svc):
     assert client.get("/api/captioners").json()["ready"]["xe"]["stage"] == "xe"
 
 
+def test_a_captioner_named_twice_runs_once(svc, image_id):
+    assert len(svc.caption_image(image_id=image_id, captioners=["xe", "xe", "xe"], beam=1)["captions"]) == 1
+
+
 @pytest.mark.parametrize("kwargs, status", [
     ({"json": {"image_id": 0, "captioners": ["nope"]}}, 404),
+    ({"json": {"image_id": 0, "captioners": ["xe"] * 8}}, 422),  # issue 35: 8 beam searches for one name
+    ({"files": {"file": ("a.png", b"\x89PNG\r\n\x1a\n", "image/png")}, "data": {"captioners": ["xe", "xe"]}}, 422),
     ({"json": {"image_id": 0, "beam": 99}}, 422),
     ({"json": {"image_id": 987654321}}, 404),
     ({"json": {"caption": "x"}}, 422),

@@ -215,3 +215,35 @@ def test_serve_exits_2_when_no_model_can_load(tiny_index_pair, tmp_path):
     res = _ltd("serve", "--model", f"bl={broken}", "--port", str(live.free_port()))
     assert res.returncode == 2, res.stderr[-2000:]
     assert "is not the checkpoint that built" in res.stderr
+
+
+def test_ui_takes_its_own_uploads_and_refuses_urls_live(server):
+    """Issue 35, findings 1, 4 and 8 through the real queue: an upload through the UI is searched; a URL
+    or a server path as a file value is refused before Gradio sees it; error events name no folders."""
+    _, base = server
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 64), (200, 40, 40)).save(buf, "PNG")
+    r = httpx.post(f"{base}/ui/gradio_api/upload", files={"files": ("red.png", buf.getvalue())}, timeout=30)
+    assert r.status_code == 200, r.text
+    uploaded = r.json()[0]
+    assert httpx.post(f"{base}/ui/gradio_api/upload", files={"files": ("x.png", b"\x89PNG\r\n\x1a\n" + b"z" * 99)},
+                      timeout=30).status_code == 415
+    api, pos, inputs = _image_events(base)[0]
+    text = _call(base, api, _payload(inputs, pos, uploaded), timeout=60)
+    assert "process_completed" in text or "complete" in text, text[-500:]
+    for bad in ("http://example.com/x.png", "https://example.com/y.jpg", "/etc/passwd"):
+        with httpx.Client(base_url=base, timeout=30) as c:
+            r = c.post(f"/ui/gradio_api/call/{api}", json={"data": _payload(inputs, pos, bad)})
+            assert r.status_code == 400 and r.json()["error"] == "forbidden_file", (bad, r.text)
+    gone = str(Path(uploaded).with_name("gone.png"))  # inside the upload folder, but no such file
+    r = httpx.post(f"{base}/ui/gradio_api/call/{api}", json={"data": _payload(inputs, pos, gone)}, timeout=30)
+    assert r.status_code == 400 and "upload it again" in r.json()["detail"] and "/" not in r.json()["detail"]
+    # an event with inputs of the wrong types: whatever it answers names none of the server's folders
+    # (the upload folder is no secret: the upload answer names it, as Gradio's protocol needs)
+    data = [{"bad": [1, 2]} if k != pos else None for k in range(len(inputs))]
+    text = _call(base, api, data, timeout=60)
+    assert "event:" in text or text.startswith("HTTP 4"), text[-300:]
+    import os
+
+    for folder in (str(live.ROOT), os.environ["LTD_CACHE_DIR"], os.getcwd()):
+        assert folder not in text, (folder, text[-500:])

@@ -33,7 +33,7 @@ class Environment(BaseModel):
     image_runtime: str = ""
     # float32 pins frozen CNN features on the CPU to fp32 (auto: bf16 where the CPU runs it natively).
     feature_dtype: Literal["auto", "float32"] = "auto"
-    # Where the UI writes thumbnails it serves; "" = a folder in the system's temp dir.
+    # Where the UI writes thumbnails it serves; "" = ui-thumbs in the cache folder (private, search/files.py).
     ui_thumbs: str = ""
 
     @field_validator("progress", "feature_dtype", mode="before")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from search import BadRequest, NotReady, SearchError, SearchService
+from search import BadRequest, NotReady, SearchError, SearchService, redact_paths
 from ui.render import notice
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ def guarded(fn: Callable[..., str]) -> Callable[..., str]:
             return notice(e.detail, "error")
         except Exception as e:  # noqa: BLE001 - the UI must answer with a message, not a trace
             log.exception("UI handler %s failed", fn.__name__)
-            return notice(f"Something went wrong ({type(e).__name__}: {e}).", "error")
+            return notice(f"Something went wrong ({type(e).__name__}: {redact_paths(str(e))}).", "error")
     return wrapper
 
 

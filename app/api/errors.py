@@ -1,6 +1,8 @@
 """Every error is JSON ``{error, detail}``: the search service's typed errors (mapped to HTTP
 statuses here, the service knows nothing of HTTP), FastAPI's 422 validation errors, Starlette's
-404/405/413, and a catch-all 500 that logs the traceback."""
+404/405/413, and a catch-all 500 that logs the traceback. A client that goes away mid-request is
+not an error of the server: ``ClientGoneMiddleware`` answers it 499 (nginx's "client closed
+request"), which nobody reads but /metrics counts apart from the 5xx, and logs one line."""
 from __future__ import annotations
 
 import logging
@@ -10,6 +12,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from search.errors import (
     BadRequest,
@@ -76,3 +80,45 @@ def install_error_handlers(app: FastAPI) -> None:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return JSONResponse(error_body(500, f"internal server error ({type(exc).__name__}); see the server log"),
                             status_code=500)
+
+
+CLIENT_CLOSED = 499
+
+
+class ClientGoneMiddleware:
+    """A request whose client disconnected (an upload abandoned half way) ends as a 499, not a 500 with
+    a traceback: the read that saw the disconnect raises ``ClientDisconnect`` (in our routes, or in the
+    mounted Gradio app, whose own error middleware has already started a 500 by the time it re-raises)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        gone = started = False
+
+        async def watched_receive() -> Message:
+            nonlocal gone
+            message = await receive()
+            gone = gone or message["type"] == "http.disconnect"
+            return message
+
+        async def relabelled_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if gone:
+                    message = {**message, "status": CLIENT_CLOSED}
+            await send(message)
+
+        try:
+            await self.app(scope, watched_receive, relabelled_send)
+        except Exception as exc:
+            if not gone and not isinstance(exc, ClientDisconnect):
+                raise
+            log.info("%s %s: the client went away (%s)", scope.get("method"), scope.get("path"), type(exc).__name__)
+            if not started:
+                await relabelled_send({"type": "http.response.start", "status": CLIENT_CLOSED, "headers": []})
+                await send({"type": "http.response.body", "body": b""})

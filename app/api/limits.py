@@ -1,11 +1,13 @@
-"""Request body limits: 413 for a body over the limit of its path, without reading more than the limit.
+"""Request body limits: 413 for a body over the limit of its path and type, without reading more than
+the limit.
 
-- the upload endpoints (``/api/search/image``, ``/api/compare``, ``/api/caption``, ``/api/explain``, the
-  UI's ``/ui/gradio_api/upload``):
+- a multipart/form-data body on an upload endpoint (``/api/search/image``, ``/api/compare``,
+  ``/api/caption``, ``/api/caption/check``, ``/api/explain``, the UI's ``/ui/gradio_api/upload``):
   the upload limit plus room for the multipart framing;
 - the rest of the UI (Gradio's queue and API calls carry component values, never files): a few
   hundred KB;
-- every other route (JSON): 64 KB.
+- every other body, JSON on the upload endpoints included: 64 KB. (A 10 MB JSON body used to be
+  read and parsed there: 4 of them stalled the event loop for seconds.)
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.api.errors import error_body
 from app.api.settings import Settings
 
-UPLOAD_PATHS = ("/api/search/image", "/api/compare", "/api/caption", "/api/explain", "/ui/gradio_api/upload")
+UPLOAD_PATHS = frozenset({"/api/search/image", "/api/compare", "/api/caption", "/api/caption/check",
+                          "/api/explain", "/ui/gradio_api/upload"})  # exact paths
 MULTIPART_OVERHEAD = 64 * 1024  # boundaries, part headers and the small form fields next to the file
 
 
@@ -30,10 +33,11 @@ class BodyLimitMiddleware:
 
     A Content-Length over the limit is refused before the body is read; a body that streams past
     the limit (chunked, or a lying Content-Length) stops the read with an exception, and whatever
-    the app was about to answer is replaced by the 413. ``limit_for(path)`` returns None for no limit.
+    the app was about to answer is replaced by the 413. ``limit_for(path, content_type)`` returns None
+    for no limit.
     """
 
-    def __init__(self, app: ASGIApp, limit_for: Callable[[str], int | None]):
+    def __init__(self, app: ASGIApp, limit_for: Callable[[str, bytes], int | None]):
         self.app, self.limit_for = app, limit_for
 
     @staticmethod
@@ -44,7 +48,10 @@ class BodyLimitMiddleware:
         await send({"type": "http.response.body", "body": body.body})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        limit = self.limit_for(scope["path"]) if scope["type"] == "http" else None
+        limit = None
+        if scope["type"] == "http":
+            ctype = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
+            limit = self.limit_for(scope["path"], ctype)
         if limit is None:
             await self.app(scope, receive, send)
             return
@@ -83,11 +90,15 @@ class BodyLimitMiddleware:
                 await self._send_413(send, limit)
 
 
-def body_limits(settings: Settings) -> Callable[[str], int | None]:
+def is_multipart(content_type: bytes) -> bool:
+    return content_type.split(b";", 1)[0].strip().lower() == b"multipart/form-data"
+
+
+def body_limits(settings: Settings) -> Callable[[str, bytes], int | None]:
     upload = settings.max_upload_bytes + MULTIPART_OVERHEAD
 
-    def limit_for(path: str) -> int | None:
-        if path.startswith(UPLOAD_PATHS):
+    def limit_for(path: str, content_type: bytes = b"") -> int | None:
+        if path in UPLOAD_PATHS and is_multipart(content_type):
             return upload  # Gradio's upload route also checks each file against max_file_size
         if path == "/ui" or path.startswith("/ui/"):
             return settings.max_ui_json_bytes  # the UI's queue and API calls: component values, no files

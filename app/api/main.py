@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 from fastapi import FastAPI
 
-from app.api.errors import install_error_handlers
+from app.api.errors import ClientGoneMiddleware, install_error_handlers
 from app.api.limits import BodyLimitMiddleware, body_limits
 from app.api.prom import PrometheusMiddleware, Registry
 from app.api.routers import caption, deps, docs, explain, health, media, metrics, search
@@ -72,9 +73,11 @@ def _mount_ui(app: FastAPI, service: SearchService, settings: Settings) -> None:
     from ui.theme import CSS, THEME
 
     limits = UILimits(max_upload_bytes=settings.max_upload_bytes, max_query_chars=settings.max_query_chars)
+    ui_upload_folder()  # before the Blocks exist: each component records Gradio's folder when built
     blocks = build_ui(service, limits=limits, thumb_url=deps.thumbnail_url)
     gr.mount_gradio_app(app, blocks, path="/ui", theme=THEME, css=CSS, max_file_size=settings.max_upload_bytes,
                         blocked_paths=_private_paths(settings), run_history=False, enable_monitoring=False,
+                        allowed_paths=[str(service.thumbnails.private_folder())],  # gallery thumbnails
                         mcp_server=False)
     # gr.mount_gradio_app never marks the Blocks as launched, and Gradio checks that a file path sent
     # as an input was uploaded through the UI only for launched Blocks: without this, any client could
@@ -83,9 +86,33 @@ def _mount_ui(app: FastAPI, service: SearchService, settings: Settings) -> None:
     app.state.ui_mounted = True
 
 
+def ui_upload_folder() -> Path:
+    """Gradio's upload folder, private to this user (search/files.py): ``$GRADIO_TEMP_DIR`` when set
+    (PermissionError when it is not private), else ``ui-uploads`` in the cache folder (or a private
+    temporary folder), exported as ``$GRADIO_TEMP_DIR`` for Gradio and the worker processes. Gradio's
+    default, ``$TMPDIR/gradio``, is shared and predictable."""
+    from search.files import private_folder, private_folder_or_temp
+    from training.features import default_cache_dir
+
+    if os.environ.get("GRADIO_TEMP_DIR"):
+        return private_folder(os.environ["GRADIO_TEMP_DIR"])
+    folder = private_folder_or_temp(default_cache_dir() / "ui-uploads", "ltd-ui-uploads-")
+    os.environ["GRADIO_TEMP_DIR"] = str(folder)
+    return folder
+
+
+def _ui_guard(app: FastAPI, settings: Settings) -> None:
+    from app.api.ui_guard import UIGuardMiddleware, UploadCache
+
+    folder = ui_upload_folder()
+    cache = UploadCache(folder, max_bytes=settings.ui_cache_bytes, max_age=settings.ui_cache_seconds,
+                        max_files=settings.ui_cache_files)
+    app.add_middleware(UIGuardMiddleware, upload_dir=folder, cache=cache)
+
+
 def _private_paths(settings: Settings) -> list[str]:
     """Folders Gradio must never serve from: the index directories and their checkpoints' folders."""
-    from indexer.index import IndexDirError, read_manifest, resolve_checkpoint
+    from indexer.index import read_manifest, resolve_checkpoint
 
     out = set()
     for name, d in settings.models.items():
@@ -93,8 +120,8 @@ def _private_paths(settings: Settings) -> list[str]:
         try:
             ckpt = resolve_checkpoint(d, read_manifest(d), settings.checkpoints.get(name))
             out.add(str(ckpt.parent))
-        except (IndexDirError, OSError):
-            pass  # reported when the models load
+        except Exception:  # noqa: BLE001 - any broken index is reported when the models load
+            pass
     return sorted(out)
 
 
@@ -150,9 +177,13 @@ def create_app(settings: Settings | None = None, service: SearchService | None =
     metrics.register_service_collectors(registry, service)
     app.state.metrics = registry
     install_error_handlers(app)
+    if settings.ui:
+        _ui_guard(app, settings)  # innermost: sees only bodies already capped and authorised
+    app.add_middleware(ClientGoneMiddleware)  # sees the Gradio mount's errors too
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limits(settings))
     token = settings.api_token.get_secret_value() if settings.api_token else None
-    app.add_middleware(AccessMiddleware, token=token, allowed_hosts=settings.allowed_hosts)
+    app.add_middleware(AccessMiddleware, token=token, allowed_hosts=settings.allowed_hosts,
+                       session_seconds=settings.session_seconds)
     app.add_middleware(PrometheusMiddleware, registry=registry,  # outermost: times everything, 413s included
                        fixed_paths=[app.openapi_url, "/docs", "/redoc"],
                        prefixes=[docs.ASSETS, *(["/ui"] if settings.ui else [])])

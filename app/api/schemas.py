@@ -258,13 +258,24 @@ CaptionerName = Annotated[str, Field(min_length=1, max_length=100, description="
 Beam = Annotated[int, Field(ge=1, le=20, description="beam width (1 = greedy)")]
 
 
+def _distinct(names: list[str]) -> list[str]:
+    if len(set(names)) != len(names):
+        raise ValueError("each captioner may be named once")
+    return names
+
+
+# One beam search per name: the same captioner named 8 times was 8 times the work of one request.
+Captioners = Annotated[list[CaptionerName], Field(min_length=1, max_length=8, json_schema_extra={"uniqueItems": True}),
+                       AfterValidator(_distinct)]
+
+
 class CaptionRequest(BaseModel):
     """Captions for a dataset image (JSON); uploads use multipart/form-data on the same path."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=_request_schema())
 
     image_id: ItemId
-    captioners: Annotated[list[CaptionerName], Field(min_length=1, max_length=8)] = None  # type: ignore[assignment]
+    captioners: Captioners = None  # type: ignore[assignment]
     beam: Beam = 5
 
 

@@ -6,6 +6,7 @@ service's own limits are the fields of :class:`search.SearchConfig`, inherited h
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import Field, SecretStr, ValidationError
@@ -27,6 +28,8 @@ class Settings(BaseSettings, SearchConfig):
     # A bearer token for /api, /ui, /docs and /metrics (not /api/health). Set it whenever the server is
     # reachable by others: `Authorization: Bearer TOKEN`, or the cookie that /login sets for browsers.
     api_token: SecretStr | None = None
+    # How long a browser stays logged in after /login (the signed cookie's expiry).
+    session_seconds: int = Field(12 * 3600, ge=60)
     # Host headers the server answers (DNS-rebinding protection); None = any. `ltd serve` sets the
     # loopback names when it binds a loopback address.
     allowed_hosts: list[str] | None = None
@@ -35,6 +38,20 @@ class Settings(BaseSettings, SearchConfig):
     max_json_bytes: int = Field(64 * 1024, ge=1024)
     # Bodies of the UI's own requests (Gradio's queue and API calls; file uploads use max_upload_bytes).
     max_ui_json_bytes: int = Field(256 * 1024, ge=1024)
+    # The UI's upload folder (Gradio's cache; $GRADIO_TEMP_DIR, else ui-uploads in the cache folder):
+    # files older than this, or beyond these totals, are deleted oldest first (app/api/ui_guard.py).
+    ui_cache_seconds: int = Field(3600, ge=60)
+    ui_cache_bytes: int = Field(512 * 1024 * 1024, ge=1024 * 1024)
+    ui_cache_files: int = Field(2000, ge=10)
+    # Slow clients (app/api/connections.py): a request's headers must arrive within header_timeout s;
+    # a body gets body_timeout s plus 1 s per min_body_rate bytes (8 KB/s: a 10 MB upload over a
+    # 64 kbit/s link still fits); a response the client does not read for send_timeout s is dropped.
+    header_timeout: float = Field(10.0, gt=0)
+    body_timeout: float = Field(30.0, gt=0)
+    min_body_rate: float = Field(8192.0, gt=0)
+    send_timeout: float = Field(60.0, gt=0)
+    # Connections per process (0 = from the descriptor limit, keeping a reserve for the server's files).
+    max_connections: int = Field(0, ge=0)
     load_in_background: bool = True  # answer /api/health (503 "loading") while models load
     ui: bool = True  # mount the Gradio UI at /ui
     # Intra-op threads of torch (0 = torch's default, one per core). With text batching one thread
@@ -44,6 +61,19 @@ class Settings(BaseSettings, SearchConfig):
     # OpenMP threads of FAISS (0 = leave the default). One query per search call cannot use more.
     faiss_threads: int = Field(1, ge=0)
     image_cache_seconds: int = Field(3600, ge=0)  # Cache-Control max-age of images and thumbnails
+
+    def to_env(self) -> dict[str, str]:
+        """``LTD_*`` variables from which another process (a worker) rebuilds these settings. Secrets
+        carry their value: ``model_dump`` would write pydantic's mask, ``**********``, and every worker
+        would then accept the mask and refuse the real token."""
+        out = {}
+        for key, value in self.model_dump(mode="json").items():
+            secret = getattr(self, key)
+            if isinstance(secret, SecretStr):
+                value = secret.get_secret_value()
+            if value is not None:
+                out[f"LTD_{key.upper()}"] = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+        return out
 
     def search_config(self) -> SearchConfig:
         """The search service's part of these settings."""

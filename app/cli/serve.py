@@ -8,7 +8,6 @@ against each other. ``serve()`` is reusable (``ltd demo`` passes a ready service
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
@@ -16,31 +15,11 @@ import socket
 import threading
 from pathlib import Path
 
-from uvicorn.protocols.http.auto import AutoHTTPProtocol
-
 from training.errors import UserFileNotFound, UserValueError
 
 log = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-class NoDelayHTTPProtocol(AutoHTTPProtocol):
-    """uvicorn's HTTP protocol (httptools or h11) with TCP_NODELAY on every connection.
-
-    asyncio only sets TCP_NODELAY on sockets that report ``proto == IPPROTO_TCP``; the connections
-    that uvicorn's worker processes accept from the listening socket they inherit report 0, so
-    Nagle's algorithm meets delayed ACKs and small keep-alive responses wait ~40 ms each
-    (measured: 320 instead of 1,000 requests/s with --workers 2)."""
-
-    def connection_made(self, transport) -> None:  # type: ignore[override]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:  # not TCP (a Unix socket)
-                pass
-        super().connection_made(transport)
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -156,7 +135,8 @@ def parse_captioners(specs: list[str], flag: str = "--captioner") -> dict[str, s
 
 def preflight(settings) -> dict[str, str]:
     """Cheap checks of every model before the port is bound: the manifest reads and the checkpoint
-    is where it says. Returns name → problem for the models that cannot work."""
+    is where it says. Returns name → problem for the models that cannot work (any failure: one
+    broken index, however it is broken, must not stop the others from serving)."""
     from indexer.index import IndexDirError, read_manifest, resolve_checkpoint
 
     problems = {}
@@ -165,6 +145,8 @@ def preflight(settings) -> dict[str, str]:
             resolve_checkpoint(d, read_manifest(d), settings.checkpoints.get(name))
         except (IndexDirError, OSError) as e:
             problems[name] = str(e)
+        except Exception as e:  # noqa: BLE001 - a manifest of the wrong shape (e.g. a number as a path)
+            problems[name] = f"{type(e).__name__}: {e}"
     return problems
 
 
@@ -207,6 +189,7 @@ def serve(settings, *, host: str = "127.0.0.1", port: int = 8000, service=None, 
     SearchService (one process only)."""
     import uvicorn
 
+    from app.api.connections import GuardedHTTPProtocol
     from app.api.main import apply_thread_settings, create_app
 
     if workers < 1:
@@ -215,22 +198,21 @@ def serve(settings, *, host: str = "127.0.0.1", port: int = 8000, service=None, 
         raise UserValueError("several workers cannot share a service object; each worker loads its own models")
     sock = bind_socket(host, port)
     limit_heap_retention()
-    kw = dict(access_log=access_log, log_level=log_level, timeout_graceful_shutdown=5,
-              http="app.cli.serve:NoDelayHTTPProtocol")
+    kw = dict(access_log=access_log, log_level=log_level, timeout_graceful_shutdown=5, http=GuardedHTTPProtocol)
     if workers > 1:
-        # Worker processes rebuild the app from LTD_* variables (app.api.main.create_app_from_env).
-        for key, value in settings.model_dump(mode="json").items():
-            if value is not None:
-                os.environ[f"LTD_{key.upper()}"] = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+        # Worker processes rebuild the app from LTD_* variables (app.api.main.create_app_from_env), the
+        # token's real value included; the connection limits travel inside the pickled config.
+        os.environ.update(settings.to_env())
         _print_urls(host, port, settings.ui)
-        config = uvicorn.Config("app.api.main:create_app_from_env", factory=True, workers=workers, **kw)
+        config = guarded(uvicorn.Config("app.api.main:create_app_from_env", factory=True, workers=workers, **kw),
+                         settings)
         from uvicorn.supervisors import Multiprocess
 
-        Multiprocess(config, target=uvicorn.Server(config).run, sockets=[sock]).run()
+        Multiprocess(config, sockets=[sock]).run()
         return 0
     apply_thread_settings(settings)
     app = create_app(settings, service=service)
-    server = uvicorn.Server(uvicorn.Config(app, **kw))
+    server = uvicorn.Server(guarded(uvicorn.Config(app, **kw), settings))
     svc = app.state.service
     _stop_when_nothing_loads(svc, server)
     _print_urls(host, port, app.state.ui_mounted)
@@ -239,6 +221,17 @@ def serve(settings, *, host: str = "127.0.0.1", port: int = 8000, service=None, 
         log.error("%s", svc.load_error)
         return 2
     return 0
+
+
+def guarded(config, settings):
+    """``config`` with the connection limits of ``settings`` (read by GuardedHTTPProtocol)."""
+    from app.api.connections import ConnectionLimits
+
+    config.ltd_limits = ConnectionLimits(header_timeout=settings.header_timeout, body_timeout=settings.body_timeout,
+                                         min_body_rate=settings.min_body_rate, send_timeout=settings.send_timeout,
+                                         max_connections=settings.max_connections)
+    config.backlog = ConnectionLimits.backlog()
+    return config
 
 
 def _stop_when_nothing_loads(svc, server) -> None:

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from app.launch import add_arguments, data_parallel_command, worker_args
+from training.errors import UserFileNotFound, UserValueError
 
 log = logging.getLogger("ltd.train")
 
@@ -17,7 +18,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set loss.eta=0.15 (repeatable)")
     p.add_argument("--out", help="run folder (default runs/<train.name or config name>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its last checkpoint, with the run's own config.yaml "
+                        "(--config/--set are refused unless they match it)")
     p.add_argument("--list-presets", action="store_true", help="print the shipped presets and exit")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     add_arguments(p)
@@ -68,14 +71,52 @@ def print_presets(kind: str) -> None:
         print(f"\n{CONTAMINATED} {CONTAMINATED_MEANS}")
 
 
+def _differences(saved: object, asked: object, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two config dicts."""
+    if isinstance(saved, dict) and isinstance(asked, dict):
+        return [d for k in dict.fromkeys([*saved, *asked])
+                for d in _differences(saved.get(k), asked.get(k), f"{prefix}{k}.")]
+    return [] if saved == asked else [prefix.rstrip(".")]
+
+
+def resume_config(out: Path, config_arg: str | None, sets: list[str]):
+    """The config a resumed run continues with: its own ``config.yaml``. A --config or --set that would
+    change it is refused (a resumed run must replay the run it continues); a run with no checkpoint yet
+    (it stopped before its first) is said to start over."""
+    from training.config import load_config
+
+    saved = out / "config.yaml"
+    if not saved.is_file():
+        what = "a checkpoint but no config.yaml" if (out / "checkpoint.pt").is_file() else "no run (no config.yaml)"
+        raise UserFileNotFound(f"--resume: {out} holds {what}; nothing to continue (train it without --resume, "
+                               "or name the run's folder with --out)")
+    cfg = load_config(saved)
+    if config_arg or sets:
+        changed = _differences(cfg.to_dict(), load_config(config_arg or saved, sets).to_dict())
+        if changed:
+            raise UserValueError(f"--resume continues {out} with its config.yaml; the command line would change "
+                                 f"{', '.join(changed[:8])}{' …' if len(changed) > 8 else ''}. Drop --config/--set "
+                                 "(or give the same values), or start a new run in another --out")
+    if not (out / "checkpoint.pt").is_file():
+        log.warning("%s stopped before its first checkpoint: nothing to continue from, so it trains again from the "
+                    "start with its config.yaml", out)
+    return cfg
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from training.config import load_config
 
     if args.list_presets:
         print_presets("train")
         return 0
-    cfg = load_config(args.config, args.set)
-    out = Path(args.out) if args.out else Path("runs") / run_name(cfg, args.config)
+    if args.resume and args.out:
+        out = Path(args.out)
+        cfg = resume_config(out, args.config, args.set)
+    else:
+        cfg = load_config(args.config, args.set)
+        out = Path(args.out) if args.out else Path("runs") / run_name(cfg, args.config)
+        if args.resume:
+            cfg = resume_config(out, args.config, args.set)
     from app.pipeline import train_run
 
     code, res = data_parallel_command(args, cfg.train.device, worker_args(args, ["train"], out), lambda: train_run(

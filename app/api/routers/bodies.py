@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import anyio
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
@@ -25,10 +26,17 @@ def media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
+INLINE_PARSE_BYTES = 16 * 1024  # larger bodies are parsed in a worker thread, not on the event loop
+
+
 async def json_body(request: Request) -> object:
-    """The parsed JSON body; undecodable, too deeply nested or out-of-range JSON is a 422, not a 500."""
+    """The parsed JSON body (at most the JSON limit: app/api/limits.py); undecodable, too deeply nested
+    or out-of-range JSON is a 422, not a 500."""
+    body = await request.body()
     try:
-        return json.loads(await request.body())
+        if len(body) <= INLINE_PARSE_BYTES:
+            return json.loads(body)
+        return await anyio.to_thread.run_sync(json.loads, body)
     except RecursionError:
         msg = "JSON decode error: nested too deeply"
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer over Python's digit limit

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from app.api.routers.bodies import body_doc, json_body, media_type, unsupported, upload_form, validate
 from app.api.routers.deps import COMMON_ERRORS, errors, get_service, get_settings, json_model
@@ -15,13 +15,13 @@ from app.api.schemas import (
     Beam,
     CaptionCheckRequest,
     CaptionCheckResponse,
-    CaptionerName,
+    Captioners,
     CaptionRequest,
     CaptionResponse,
     QueryText,
 )
 from app.api.settings import Settings
-from search import SearchService
+from search import SearchService, redact_paths
 
 router = APIRouter(prefix="/api", tags=["captions"])
 Service = Annotated[SearchService, Depends(get_service)]
@@ -37,7 +37,7 @@ CHECK_FORM = {"type": "object", "required": ["file", "caption"], "additionalProp
 class _CaptionForm(BaseModel):
     model_config = ConfigDict(extra="forbid")
     beam: Beam = 5
-    captioners: Annotated[list[CaptionerName], Field(min_length=1, max_length=8)] = None  # type: ignore[assignment]
+    captioners: Captioners = None  # type: ignore[assignment]
 
 
 class _CheckForm(BaseModel):
@@ -82,7 +82,8 @@ async def check_query(request: Request, settings: Annotated[Settings, Depends(ge
 @router.get("/captioners", responses=COMMON_ERRORS)
 async def list_captioners(svc: Service) -> dict:
     """The served captioners: ``ready`` (name → training summary) and ``down`` (name → why)."""
-    return {"ready": {n: e.info for n, e in svc.captioners.entries.items()}, "down": dict(svc.captioners.failed)}
+    return {"ready": {n: e.info for n, e in svc.captioners.entries.items()},
+            "down": {n: redact_paths(why) for n, why in svc.captioners.failed.items()}}
 
 
 @router.post("/caption", response_model=CaptionResponse, responses=CAPTION_ERRORS,

@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 
 from app.api.routers.deps import COMMON_ERRORS, errors, get_service
 from app.api.schemas import HealthResponse, ModelInfo
-from search import SearchService
+from search import SearchService, redact_paths
 
 router = APIRouter(prefix="/api", tags=["service"])
 Service = Annotated[SearchService, Depends(get_service)]
@@ -18,10 +18,12 @@ Service = Annotated[SearchService, Depends(get_service)]
             responses={503: {"model": HealthResponse, "description": "models are loading, or none could be loaded"}})
 async def health(svc: Service) -> JSONResponse:
     """200 ``ok`` once every model is loaded, 200 ``degraded`` when some serve and others could not be
-    loaded (``down`` says which and why); 503 ``loading`` before, 503 ``error`` when none could be loaded."""
+    loaded (``down`` says which and why); 503 ``loading`` before, 503 ``error`` when none could be loaded.
+    Open without a token (load balancers): the reasons name files, never the server's folders."""
     status = svc.status
     body = HealthResponse(status=status, models=svc.names, loaded=[n for n in svc.names if n in svc.entries],
-                          down=dict(svc.failed), detail=svc.load_error, loaded_at=svc.loaded_at)
+                          down={n: redact_paths(why) for n, why in svc.failed.items()},
+                          detail=svc.load_error and redact_paths(svc.load_error), loaded_at=svc.loaded_at)
     return JSONResponse(body.model_dump(), status_code=200 if status in ("ok", "degraded") else 503,
                         headers={"Cache-Control": "no-store"})
 

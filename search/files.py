@@ -1,0 +1,116 @@
+"""Files the server reads and writes on a client's behalf, kept to what it owns.
+
+- **Images it serves** are the index's own: an image path recorded in an index is served only when,
+  links followed, it lies inside one of the index's image folders (``IndexDir.image_file``), has an
+  image file's extension, and starts with an image type's magic bytes. A crafted ``images.json``
+  naming ``/etc/passwd`` (with the manifest's hashes recomputed to match) is refused, not served,
+  even in an index old enough to record no image folders.
+- **Folders it writes** for the UI (thumbnails, Gradio's upload cache) are private: created 0700 by
+  this user, refused when they are a link, belong to someone else or are writable by others (a local
+  user who creates ``/tmp/ltd-ui-thumbs`` first must not choose what the UI serves), and files are
+  written through ``O_NOFOLLOW | O_EXCL`` temporaries, so no link planted in advance is followed.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import tempfile
+import threading
+from pathlib import Path
+
+from search.errors import NotFound
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
+# Magic numbers of the formats load_image accepts (WebP is RIFF....WEBP).
+_MAGIC = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"),
+          (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
+
+
+def sniff_image_type(data: bytes) -> str | None:
+    """The image format named by the first bytes, or None when they are not an accepted image type."""
+    for magic, fmt in _MAGIC:
+        if data.startswith(magic):
+            return fmt
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    return None
+
+
+# ---- images an index serves ------------------------------------------------------------------------
+def servable_image(path: Path, what: str) -> Path:
+    """``path`` (already resolved and confined to the index's image folders: IndexDir.image_file) when
+    it is a regular file with an image extension whose first bytes name an image type; NotFound
+    otherwise (the message says what is wrong, not where)."""
+    if path.suffix.lower() not in IMAGE_SUFFIXES:
+        raise NotFound(f"{what} is not an image file; it is not served")
+    try:
+        st = path.stat()
+    except OSError:
+        raise NotFound(f"{what} is in the index, but its file is missing on the server") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise NotFound(f"{what} is not a regular file; it is not served")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        raise NotFound(f"{what} cannot be read on the server") from None
+    if sniff_image_type(head) is None:
+        raise NotFound(f"{what} is not an image file; it is not served")
+    return path
+
+
+# ---- private folders ---------------------------------------------------------------------------------
+def private_folder(path: str | Path) -> Path:
+    """``path`` as a folder only this user can use: created 0700 (parents too); an existing one must
+    be a real folder (not a link) owned by this user that nobody else can write to (its read bits
+    for others are then removed). PermissionError otherwise."""
+    path = Path(path).absolute()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise PermissionError(f"{path} is not a private folder of this user (a link, someone else's, or writable "
+                              "by others); remove it or name another")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def private_folder_or_temp(preferred: str | Path, prefix: str) -> Path:
+    """``preferred`` made private, or (when it cannot be) a fresh private temporary folder."""
+    try:
+        return private_folder(preferred)
+    except OSError as e:
+        folder = Path(tempfile.mkdtemp(prefix=prefix))  # 0700, a random name
+        log.warning("%s; using %s instead", e, folder)
+        return folder
+
+
+def write_private(path: Path, data: bytes) -> Path:
+    """``data`` at ``path`` through a temporary opened with O_NOFOLLOW | O_EXCL (no link followed or
+    reused) and renamed over ``path`` (a link there is replaced, not followed)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def is_own_file(path: Path, size: int) -> bool:
+    """True when ``path`` is a regular file (not a link) of ``size`` bytes owned by this user."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_size == size
