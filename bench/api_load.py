@@ -15,6 +15,9 @@
    search the handler runs), sequentially and with ``--concurrency`` threads, and reports
    API p50 / in-process p50.
 
+``--profile FILE`` samples the server with py-spy during the measured load (collapsed stacks into
+FILE) and prints where its CPU went, stage by stage (bench/_profile.py).
+
 ``--write`` replaces the "REST API load" section of BENCHMARKS.md (other sections are kept).
 """
 from __future__ import annotations
@@ -39,11 +42,12 @@ import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench import _server  # noqa: E402
+from bench import _profile, _server  # noqa: E402
 from bench._common import replace_section  # noqa: E402
 
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 SECTION = "## REST API load (bench/api_load.py)"
+PROFILE_HZ = 100
 TARGETS = {"p50_ms": 10.0, "p99_ms": 50.0, "errors": 0, "ratio": 2.0}
 
 
@@ -310,8 +314,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--client", choices=("raw", "httpx"), default="raw")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-inproc", action="store_true", help="skip the in-process comparison")
+    p.add_argument("--profile", type=Path, metavar="FILE",
+                   help="sample the server with py-spy during the load into FILE and print the breakdown")
     p.add_argument("--write", action="store_true", help="replace this section of BENCHMARKS.md")
     args = p.parse_args(argv)
+    if args.profile and not _profile.available():
+        p.error("--profile needs py-spy on PATH (pip install py-spy)")
 
     from app.cli.serve import parse_models
 
@@ -337,11 +345,18 @@ def main(argv: list[str] | None = None) -> int:
         if warm:
             asyncio.run(run_load("127.0.0.1", port, warm, target, args.k, args.concurrency, 120, args.client))
         before = scrape(port)
-        api = asyncio.run(run_load("127.0.0.1", port, queries, target, args.k, args.concurrency, args.max_seconds,
-                                   args.client))
+        spy = _profile.record(proc.pid, args.profile, PROFILE_HZ) if args.profile else None
+        try:
+            api = asyncio.run(run_load("127.0.0.1", port, queries, target, args.k, args.concurrency,
+                                       args.max_seconds, args.client))
+        finally:
+            if spy is not None:
+                _profile.finish(spy)
         after = scrape(port)
     finally:
         _server.stop(proc)
+    if args.profile:
+        print("\n".join(_profile.render(_profile.breakdown(args.profile), api["requests"], PROFILE_HZ)))
     server = {k: after[k] - before.get(k, 0) for k in after}
     print(json.dumps({"api": api, "server": server}, indent=1), file=sys.stderr)
     inproc = {"seq_p50_ms": float("nan"), "seq_p99_ms": float("nan"), "conc_p50_ms": float("nan"),
