@@ -6,8 +6,10 @@ dependency would cost a trip through the thread pool on every request.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from urllib.parse import quote
 
+import orjson
 from fastapi import Request, Response
 from pydantic import BaseModel
 
@@ -42,9 +44,19 @@ def json_model(model: BaseModel, status_code: int = 200, headers: dict | None = 
                     headers=headers)
 
 
+def json_response(data: dict, status_code: int = 200) -> Response:
+    """Plain data (already in the shape of its response model) to JSON bytes with orjson, once."""
+    return Response(orjson.dumps(data), status_code=status_code, media_type="application/json")
+
+
+@lru_cache(maxsize=256)
+def _quoted(model: str) -> str:  # a handful of served names, quoted once each instead of twice per hit
+    return quote(model, safe="")
+
+
 def image_url(image_id: int, model: str) -> str:
-    return f"/api/images/{image_id}?model={quote(model, safe='')}"
+    return f"/api/images/{image_id}?model={_quoted(model)}"
 
 
 def thumbnail_url(image_id: int, model: str, size: int = 256) -> str:
-    return f"/api/images/{image_id}/thumbnail?model={quote(model, safe='')}&size={size}"
+    return f"/api/images/{image_id}/thumbnail?model={_quoted(model)}&size={size}"

@@ -6,10 +6,12 @@ an ``async`` dependency reads and checks the body, so the handler only sees a pa
 """
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,22 +22,18 @@ from app.api.routers.deps import (
     get_service,
     get_settings,
     image_url,
-    json_model,
+    json_response,
     thumbnail_url,
 )
 from app.api.schemas import (
     COMPARE_UPLOAD_FORM,
     IMAGE_UPLOAD_FORM,
-    CaptionHit,
     CompareRequest,
     CompareResponse,
-    ImageHit,
     ImageSearchRequest,
     ImageSearchResponse,
     K,
     ModelName,
-    QueryInfo,
-    QueryMetrics,
     TextSearchRequest,
     TextSearchResponse,
 )
@@ -49,31 +47,44 @@ UPLOAD_ERRORS = {**SEARCH_ERRORS, **errors(415)}
 
 
 # ---- answers ---------------------------------------------------------------------------------------
-def _metrics(m: dict | None) -> QueryMetrics | None:
+# Plain dicts in the shape of the response models (TextSearchResponse, ImageSearchResponse), serialised
+# once by orjson: the service's dataclasses are already typed, and building ~25 pydantic models per
+# answer to validate them again cost more CPU than parsing the request and writing the HTTP response
+# together (BENCHMARKS.md, "REST API load"). tests/test_api.py checks the dicts against the models.
+def _metrics(m: dict | None) -> dict | None:
     if not m:
         return None
-    return QueryMetrics(first_gt_rank=m["first_gt_rank"], k=m["k"], precision_at_k=m["p@k"], ndcg_at_k=m["ndcg@k"],
-                        ndcg_relevance=m["ndcg_relevance"])
+    return {"first_gt_rank": m["first_gt_rank"], "k": m["k"], "precision_at_k": m["p@k"], "ndcg_at_k": m["ndcg@k"],
+            "ndcg_relevance": m["ndcg_relevance"]}
 
 
-def text_answer(r: SearchResult, k: int) -> TextSearchResponse:
+def _query(q: dict) -> dict:
+    return {"text": q.get("text"), "caption_id": q.get("caption_id"), "image_id": q.get("image_id"),
+            "filename": q.get("filename"), "upload": bool(q.get("upload", False))}
+
+
+def _answer(r: SearchResult, k: int, hits: list[dict]) -> dict:
+    return {"direction": r.direction, "model": r.model, "k": k, "query": _query(r.query), "took_ms": round(r.took_ms, 3),
+            "ground_truth_ids": r.ground_truth_ids, "metrics": _metrics(r.metrics), "results": hits}
+
+
+def text_answer(r: SearchResult, k: int) -> dict:
+    """A TextSearchResponse as plain data."""
     name = r.model
-    hits = [ImageHit(rank=h.rank, id=h.id, score=h.score, filename=h.filename, image_url=image_url(h.id, name),
-                     thumbnail_url=thumbnail_url(h.id, name), ground_truth=h.ground_truth, relevance=h.relevance)
-            for h in r.hits]
-    return TextSearchResponse(model=name, k=k, query=QueryInfo(**r.query), took_ms=round(r.took_ms, 3),
-                              ground_truth_ids=r.ground_truth_ids, metrics=_metrics(r.metrics), results=hits)
+    return _answer(r, k, [
+        {"rank": h.rank, "id": h.id, "score": h.score, "filename": h.filename, "image_url": image_url(h.id, name),
+         "thumbnail_url": thumbnail_url(h.id, name), "ground_truth": h.ground_truth, "relevance": h.relevance}
+        for h in r.hits])
 
 
-def image_answer(r: SearchResult, k: int) -> ImageSearchResponse:
+def image_answer(r: SearchResult, k: int) -> dict:
+    """An ImageSearchResponse as plain data."""
     name = r.model
-    hits = [CaptionHit(rank=h.rank, id=h.id, score=h.score, text=h.text or "", image_id=h.image_id,
-                       image_url=None if h.image_id is None else image_url(h.image_id, name),
-                       thumbnail_url=None if h.image_id is None else thumbnail_url(h.image_id, name),
-                       ground_truth=h.ground_truth, relevance=h.relevance)
-            for h in r.hits]
-    return ImageSearchResponse(model=name, k=k, query=QueryInfo(**r.query), took_ms=round(r.took_ms, 3),
-                               ground_truth_ids=r.ground_truth_ids, metrics=_metrics(r.metrics), results=hits)
+    return _answer(r, k, [
+        {"rank": h.rank, "id": h.id, "score": h.score, "text": h.text or "", "image_id": h.image_id,
+         "image_url": None if h.image_id is None else image_url(h.image_id, name),
+         "thumbnail_url": None if h.image_id is None else thumbnail_url(h.image_id, name),
+         "ground_truth": h.ground_truth, "relevance": h.relevance} for h in r.hits])
 
 
 # ---- JSON-or-upload bodies -------------------------------------------------------------------------
@@ -138,13 +149,17 @@ async def compare_query(request: Request, settings: Annotated[Settings, Depends(
 
 # ---- endpoints -------------------------------------------------------------------------------------
 @router.post("/search/text", response_model=TextSearchResponse, responses=SEARCH_ERRORS)
-def search_text(req: TextSearchRequest, svc: Service) -> Response:
+async def search_text(req: TextSearchRequest, svc: Service) -> Response:
     """Text → images: ``{"query": "a dog on grass", "model": "ltd", "k": 10}``, or ``caption_id`` for a
     dataset caption (then each hit says whether it is the caption's own image, and ``metrics`` has the
     rank of that image, P@k and nDCG@k)."""
     name = req.model or svc.default_name
-    r = svc.search_text(name, query=req.query, caption_id=req.caption_id, k=req.k)
-    return json_model(text_answer(r, req.k))
+    if svc.queues_text and req.caption_id is None:
+        # Encoded and ranked on the model's batcher thread: no request thread, no thread-pool hand-off.
+        r = await asyncio.wrap_future(svc.submit_text(name, query=req.query, k=req.k))
+    else:  # a caption's metrics scan the whole index: not on the event loop
+        r = await run_in_threadpool(svc.search_text, name, query=req.query, caption_id=req.caption_id, k=req.k)
+    return json_response(text_answer(r, req.k))
 
 
 @router.post("/search/image", response_model=ImageSearchResponse, responses=UPLOAD_ERRORS,
@@ -155,7 +170,7 @@ def search_image(q: Annotated[ImageQuery, Depends(image_query)], svc: Service) -
     GIF or TIFF) and optional ``model`` and ``k`` fields."""
     name = q.model or svc.default_name
     r = svc.search_image(name, image_id=q.image_id, image_bytes=q.data, k=q.k)
-    return json_model(image_answer(r, q.k))
+    return json_response(image_answer(r, q.k))
 
 
 @router.post("/compare", response_model=CompareResponse, responses=UPLOAD_ERRORS,
@@ -168,6 +183,6 @@ def compare(q: Annotated[CompareQuery, Depends(compare_query)], svc: Service) ->
     out = svc.compare(q.models, query=q.query, caption_id=q.caption_id, image_id=q.image_id, image_bytes=q.data,
                       k=q.k)
     answer = text_answer if out.direction == "t2i" else image_answer
-    return json_model(CompareResponse(direction=out.direction, k=q.k, models=q.models,
-                                      results=[answer(r, q.k) for r in out.results], overlap=out.overlap,
-                                      overlap_ids=out.overlap_ids, jaccard=out.jaccard))
+    return json_response({"direction": out.direction, "k": q.k, "models": q.models,
+                          "results": [answer(r, q.k) for r in out.results], "overlap": out.overlap,
+                          "overlap_ids": out.overlap_ids, "jaccard": out.jaccard})
