@@ -95,6 +95,23 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError("no VmRSS")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and its live child processes (uvicorn's workers), from /proc
+    (Linux). On a shared machine CPU per request does not depend on what else is running; wall does."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def own(p: int) -> float:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+
+    total = own(pid)
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(OSError):
+                total += cpu_seconds(int(child))
+    return total
+
+
 def model_args(pair: dict) -> list[str]:
     return ["--model", f"bl={pair['bl']}", "--model", f"ltd={pair['ltd']}"]
 
