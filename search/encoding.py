@@ -21,12 +21,6 @@ from search.registry import ModelEntry
 from training.models.text_encoder import move_batch
 
 
-def _done(value) -> Future:
-    f: Future = Future()
-    f.set_result(value)
-    return f
-
-
 def clean_query(text: str, max_chars: int) -> str:
     """Drop control characters (NUL, escape, …) and collapse whitespace; refuse empty or over-long queries and text
     that is not valid Unicode."""
@@ -68,6 +62,9 @@ class TextBatcher:
             self._pending.append((text, fut))
             self._cv.notify()
         return fut
+
+    def encode(self, text: str) -> np.ndarray:
+        return self.submit(text).result()
 
     def _run(self) -> None:
         while True:
@@ -135,12 +132,6 @@ class QueryEncoder:
 
     def encode(self, entry: ModelEntry, text: str) -> np.ndarray:
         """The embedding of an already cleaned text (read-only: it may be shared through the cache)."""
-        return self.submit(entry, text).result()
-
-    def submit(self, entry: ModelEntry, text: str) -> Future:
-        """A future of :meth:`encode`'s answer, for callers that must not block (the REST handlers): done
-        at once on a cache hit or without batching, else when the model's batcher has encoded it (its
-        callbacks then run on the batcher thread)."""
         key = (entry.name, text)
         if self.cache_size:
             with self._lock:
@@ -148,23 +139,10 @@ class QueryEncoder:
                 if vec is not None:
                     self._cache.move_to_end(key)
                     self.hits += 1
-                    return _done(vec)
+                    return vec
                 self.misses += 1
         b = self._batchers.get(entry.name)
-        if b is None:
-            return _done(self._remember(key, self.encode_batch(entry, [text])[0]))
-        out: Future = Future()
-
-        def finish(f: Future) -> None:
-            try:
-                out.set_result(self._remember(key, f.result()))
-            except BaseException as e:  # noqa: BLE001 - handed to the caller
-                out.set_exception(e)
-
-        b.submit(text).add_done_callback(finish)
-        return out
-
-    def _remember(self, key: tuple[str, str], vec: np.ndarray) -> np.ndarray:
+        vec = b.encode(text) if b is not None else self.encode_batch(entry, [text])[0]
         vec.setflags(write=False)
         if self.cache_size:
             with self._lock:

@@ -65,7 +65,7 @@ class CompareResult:
 class Query:
     """What to rank against: the embedding, and for dataset items their ground truth (rows)."""
 
-    vector: np.ndarray | None  # None until the query text is encoded
+    vector: np.ndarray
     info: dict
     ground_truth: list[int] | None = None  # rows of the searched side; None = unknown (free query)
     relevance: np.ndarray | None = None  # graded relevance of every row of the searched side

@@ -7,7 +7,6 @@ call from many threads at once; errors are ``search.errors`` types, never HTTP.
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -167,11 +166,6 @@ class SearchService:
         with torch.inference_mode():
             return e.model.image(x.to(e.model.device)).float().cpu()[0].numpy()
 
-    @property
-    def queues_text(self) -> bool:
-        """Text queries are encoded on batcher threads: :meth:`submit_text` never runs the encoder itself."""
-        return self.encoder.batching
-
     def text_cache_info(self) -> dict:
         return self.encoder.info()
 
@@ -184,23 +178,22 @@ class SearchService:
             raise BadRequest(f"k must be an integer in [1, {self.config.max_k}], got {k!r}")
         return k
 
-    def _text_query(self, e: ModelEntry, query: str | None, caption_id: int | None) -> tuple[str, Query]:
-        """(the text to encode, the query without its vector): every check, no encoding."""
+    def _text_query(self, e: ModelEntry, query: str | None, caption_id: int | None) -> Query:
         if caption_id is not None:
             pos = e.caption_row(caption_id)
             meta = e.index.captions.meta
             model_text = (meta.get("model_texts") or meta["texts"])[pos]
-            q = Query(None, {"caption_id": int(caption_id), "text": meta["texts"][pos]})
+            q = Query(self.encoder.encode(e, model_text), {"caption_id": int(caption_id), "text": meta["texts"][pos]})
             if e.has_ground_truth:
                 img = meta["image"][pos]
                 q.ground_truth = [img] if img is not None and img >= 0 else []
                 rel = e.relevance()
                 q.relevance = None if rel is None else np.asarray(rel[pos], dtype=np.float32)
-            return model_text, q
+            return q
         if query is None:
             raise BadRequest("give a query text or a caption_id")
         text = self.clean_query(query)
-        return text, Query(None, {"text": text})
+        return Query(self.encoder.encode(e, text), {"text": text})
 
     def _image_query(self, e: ModelEntry, image_id: int | None, image_bytes: bytes | None) -> Query:
         if image_id is not None:
@@ -220,29 +213,11 @@ class SearchService:
                     k: int = 10) -> SearchResult:
         """Text → images. With ``caption_id`` the query is that dataset caption, and its ground truth
         (its image) and ROUGE-L relevance are attached."""
-        return self.submit_text(name, query=query, caption_id=caption_id, k=k).result()
-
-    def submit_text(self, name: str, *, query: str | None = None, caption_id: int | None = None,
-                    k: int = 10) -> Future:
-        """:meth:`search_text` without blocking: checks the request at once (a bad one raises here), then
-        returns a future of its SearchResult. With text batching the query is encoded and ranked on the
-        model's batcher thread, so an event loop can await it without a thread of its own per request."""
         t0 = time.perf_counter()
         e, k = self.get(name), self._check_k(k)
         meta = e.index.images.meta
-        text, q = self._text_query(e, query, caption_id)
-        out: Future = Future()
-
-        def ranked(vec: Future) -> None:
-            try:
-                q.vector = vec.result()
-                out.set_result(rank(name, e.index.images, q, k, lambda p: {"filename": meta["filenames"][p]},
-                                    direction="t2i", t0=t0))
-            except BaseException as ex:  # noqa: BLE001 - handed to the caller
-                out.set_exception(ex)
-
-        self.encoder.submit(e, text).add_done_callback(ranked)
-        return out
+        return rank(name, e.index.images, self._text_query(e, query, caption_id), k,
+                    lambda p: {"filename": meta["filenames"][p]}, direction="t2i", t0=t0)
 
     def search_image(self, name: str, *, image_id: int | None = None, image_bytes: bytes | None = None,
                      k: int = 10) -> SearchResult:

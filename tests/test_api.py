@@ -22,7 +22,6 @@ from app.api.routers.deps import get_service
 from app.api.schemas import CompareResponse, ImageSearchResponse, TextSearchResponse
 from app.api.settings import Settings
 from search import SearchService
-from search.errors import BadRequest, NotFound
 
 MB = 1024 * 1024
 
@@ -312,23 +311,6 @@ def test_answers_are_exactly_their_response_models(client, ids, path, payload, m
     assert r.status_code == 200 and r.headers["content-type"] == "application/json", r.text
     body = r.json()
     assert model.model_validate(body, strict=True).model_dump(mode="json") == body
-
-
-def test_submit_text_matches_the_blocking_search_under_concurrency(service):
-    """The future path (what the REST handler awaits) gives what search_text gives, for many queries
-    submitted at once (they are batched); a bad request raises at submission, not in the future."""
-    texts = [f"a {c} {s}" for c in ("red", "blue", "green", "big") for s in ("square", "circle", "shape")]
-    service.clear_text_cache()
-    futures = [service.submit_text("ltd", query=t, k=5) for t in texts]
-    got = [f.result(timeout=60) for f in futures]
-    for t, r in zip(texts, got):
-        want = service.search_text("ltd", query=t, k=5)
-        assert [h.id for h in r.hits] == [h.id for h in want.hits] and r.query == want.query
-        assert np.allclose([h.score for h in r.hits], [h.score for h in want.hits], atol=1e-5)
-    with pytest.raises(BadRequest):
-        service.submit_text("ltd", query="   ", k=5)
-    with pytest.raises(NotFound):
-        service.submit_text("nope", query="a", k=5)
 
 
 @pytest.mark.parametrize("payload", [

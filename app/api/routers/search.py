@@ -6,12 +6,10 @@ an ``async`` dependency reads and checks the body, so the handler only sees a pa
 """
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
-from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -149,16 +147,12 @@ async def compare_query(request: Request, settings: Annotated[Settings, Depends(
 
 # ---- endpoints -------------------------------------------------------------------------------------
 @router.post("/search/text", response_model=TextSearchResponse, responses=SEARCH_ERRORS)
-async def search_text(req: TextSearchRequest, svc: Service) -> Response:
+def search_text(req: TextSearchRequest, svc: Service) -> Response:
     """Text → images: ``{"query": "a dog on grass", "model": "ltd", "k": 10}``, or ``caption_id`` for a
     dataset caption (then each hit says whether it is the caption's own image, and ``metrics`` has the
     rank of that image, P@k and nDCG@k)."""
     name = req.model or svc.default_name
-    if svc.queues_text and req.caption_id is None:
-        # Encoded and ranked on the model's batcher thread: no request thread, no thread-pool hand-off.
-        r = await asyncio.wrap_future(svc.submit_text(name, query=req.query, k=req.k))
-    else:  # a caption's metrics scan the whole index: not on the event loop
-        r = await run_in_threadpool(svc.search_text, name, query=req.query, caption_id=req.caption_id, k=req.k)
+    r = svc.search_text(name, query=req.query, caption_id=req.caption_id, k=req.k)
     return json_response(text_answer(r, req.k))
 
 
