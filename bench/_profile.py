@@ -86,10 +86,11 @@ def breakdown(path: Path) -> Counter:
 
 
 def render(counts: Counter, requests: int, rate: int) -> list[str]:
-    """A Markdown table: stage, share of the busy samples, CPU milliseconds per request."""
+    """A Markdown table: stage, share of the busy samples, busy thread-milliseconds per request (a thread
+    waiting for the GIL counts as busy; torch's native worker threads have no Python frames and are not seen)."""
     counts = Counter({k: v for k, v in counts.items() if k != IDLE_STAGE})
     total = sum(counts.values()) or 1
-    lines = ["| stage | share of server CPU samples | CPU ms per request |", "|---|---:|---:|"]
+    lines = ["| stage | share of busy samples | busy thread-ms per request |", "|---|---:|---:|"]
     for name, n in counts.most_common():
         lines.append(f"| {name} | {n / total:.1%} | {n / rate * 1000 / max(1, requests):.3f} |")
     lines.append(f"| all | {total:,} samples at {rate} Hz | {total / rate * 1000 / max(1, requests):.3f} |")
