@@ -42,8 +42,8 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench import _profile, _server  # noqa: E402
-from bench._load_client import merged, run_load, summary  # noqa: E402
 from bench._common import replace_section  # noqa: E402
+from bench._load_client import merged, run_load, summary  # noqa: E402
 
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 SECTION = "## REST API load (bench/api_load.py)"
