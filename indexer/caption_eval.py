@@ -44,12 +44,14 @@ def dataset_of(ckpt: dict, dataset: str | None, cache_dir: str = "") -> Dataset:
 def evaluate_captioner(checkpoint: str | Path, *, dataset: str | None = None, split: str = "test",
                        retrieval: str | Path | None = None, beam: int = 5, meteor: bool | None = None,
                        max_images: int = 0, cache_dir: str = "", show_progress: bool = True,
-                       judges: dict[str, str | Path] | None = None) -> tuple[dict, list[dict]]:
+                       judges: dict[str, str | Path] | None = None, allow_unk: bool = False
+                       ) -> tuple[dict, list[dict]]:
     """(report, captions [{image_id, filename, caption, references}]) for one split.
 
     ``retrieval`` gives the report's ``self_R@k``; ``judges`` (name → retrieval checkpoint) score the
     same captions under further retrieval models, in ``report["judges"][name]`` (one decoding for all:
-    e.g. the judge a captioner was trained with and an independent one)."""
+    e.g. the judge a captioner was trained with and an independent one). ``allow_unk`` lets the
+    decoder emit ``<unk>`` (suppressed by default; the report records which)."""
     ckpt = load_caption_checkpoint(checkpoint)
     model, vocab, ccfg = captioner_from_checkpoint(ckpt)
     ds = dataset_of(ckpt, dataset, cache_dir)
@@ -59,7 +61,7 @@ def evaluate_captioner(checkpoint: str | Path, *, dataset: str | None = None, sp
     rows = np.array([sp.images[i].index for i in keep], dtype=np.int64)
     t0 = time.time()
     caps = caption_rows(model, vocab, rows, lambda r: regions(store, r), beam=beam, show_progress=show_progress,
-                        desc=f"{split} captions (beam {beam})")
+                        desc=f"{split} captions (beam {beam})", allow_unk=allow_unk)
     gen_seconds = time.time() - t0
     per_image = sp.image_to_captions
     refs = {j: [sp.captions[c].raw for c in per_image[i]] for j, i in enumerate(keep)}
@@ -89,7 +91,8 @@ def evaluate_captioner(checkpoint: str | Path, *, dataset: str | None = None, sp
         "train_name": ccfg.train.name, "stage": ckpt.get("stage"), "epoch": ckpt.get("epoch"),
         "dataset": {"name": ds.name, "json": str(ds.json_path), "split": sp.name},
         "retrieval": {"path": str(retrieval), "sha256": sha256_file(retrieval)[:16]} if retrieval else None,
-        "beam": beam, "max_len": vocab.max_len, "tokenizer": "PTB (COCO toolkit rules, Python port)",
+        "beam": beam, "max_len": vocab.max_len, "unk": "allowed" if allow_unk else "suppressed",
+        "tokenizer": "PTB (COCO toolkit rules, Python port)",
         "meteor": "computed" if "METEOR" in scores else scores.get("meteor_unavailable"), "spice": SPICE_UNSUPPORTED,
         "generation_seconds": round(gen_seconds, 2), "captions_per_second": round(len(keep) / max(gen_seconds, 1e-9), 1)}
     out = [{"image_id": sp.images[i].id, "filename": sp.images[i].filename, "caption": c,
@@ -104,7 +107,7 @@ def render_caption_markdown(report: dict) -> str:
     cols = [k for k in REPORT_KEYS if k in report]
     lines = [f"# Captioning evaluation: {m.get('train_name') or Path(m['checkpoint']).parent.name}", "",
              f"- dataset: {ds['name']} / {ds['split']} ({report['n_images']} images); beam {m['beam']}, "
-             f"at most {m['max_len']} words; mean length {report['mean_length']}",
+             f"at most {m['max_len']} words, <unk> {m.get('unk', 'allowed')}; mean length {report['mean_length']}",
              f"- checkpoint: `{m['checkpoint']}` (sha256 {m['checkpoint_sha256']}…, stage {m.get('stage')}, "
              f"epoch {m.get('epoch')})", f"- tokenisation: {m['tokenizer']}", "",
              "| " + " | ".join(cols) + " |", "|" + "---:|" * len(cols),

@@ -18,8 +18,8 @@ from training.captioning.scst import mean_of_others, scst_loss
 from training.captioning.vocab import CaptionVocab, sequence_lengths
 from training.captioning.xe import feedback_probability
 
-SP = Specials(pad=0, bos=2, eos=3)
-WORDS = (1, 4, 5)  # <unk> and two words: the tokens a caption may contain besides <eos>
+SP = Specials(pad=0, bos=2, eos=3, unk=None)  # id 1 (<unk> in a real vocabulary) is let through here
+WORDS = (1, 4, 5)  # three words: the tokens a caption may contain besides <eos>
 
 
 # ---- vocabulary ---------------------------------------------------------------------------------
@@ -128,6 +128,29 @@ def test_decoders_never_emit_pad_or_bos_and_pad_after_eos():
             else:
                 assert SP.pad not in row
     assert torch.equal(mask.sum(1), torch.minimum(sequence_lengths(ids, SP.eos) + 1, torch.tensor(max_len)))
+
+
+def test_no_decoder_emits_unk_by_default_and_allow_unk_restores_it():
+    """Greedy, sampling and beam search with the default specials never produce <unk> (id 1), even from a
+    model that puts nearly all its mass on it; with ``unk=None`` (analysis) greedy and beam do emit it."""
+    n, max_len = 6, 4
+    model = HistoryModel(n, vocab=7, seed=5)
+    model.table[:, :, 1] = 8.0  # <unk> is by far the likeliest word at every step
+    default = Specials()
+    assert default.unk == 1 and set(default.blocked) == {0, 1, 2}
+    gen = torch.Generator().manual_seed(0)
+    outs = [greedy(model.step, model.state(n, 1), n, max_len, default)[0],
+            beam_search(model.step, model.state(n, 4), n, max_len, 4, default)[0]]
+    outs += [sample(model.step, model.state(n, 1), n, max_len, default, temperature=t, generator=gen)[0]
+             for t in (0.5, 1.0, 3.0) for _ in range(20)]
+    for out in outs:
+        assert not (out == 1).any() and not (out == 0)[:, 0].any() and not (out == 2).any()
+    # the renormalised policy: a blocked word has probability exactly 0, the others sum to 1
+    p = allowed_log_probs(model.table[0, :3], default).exp()
+    assert torch.all(p[:, [0, 1, 2]] == 0) and torch.allclose(p.sum(1), torch.ones(3))
+    allowed = Specials(unk=None)
+    assert (greedy(model.step, model.state(n, 1), n, max_len, allowed)[0] == 1).all()
+    assert (beam_search(model.step, model.state(n, 4), n, max_len, 4, allowed)[0] == 1).all()
 
 
 def test_sampling_temperature_sharpens_the_distribution():

@@ -44,6 +44,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     e.add_argument("--out", help="report folder (default: the checkpoint's folder / eval_<split>)")
     e.add_argument("--max-images", type=int, default=0, help="only the first N images of the split (0 = all)")
     e.add_argument("--no-meteor", action="store_true", help="skip METEOR (it needs Java)")
+    e.add_argument("--allow-unk", action="store_true", help="let the decoder emit <unk> (suppressed by default; for analysis of what it would say)")
     e.add_argument("--no-progress", action="store_true")
     e.set_defaults(func=cmd_caption_eval)
 
@@ -57,6 +58,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     g.add_argument("--beam", type=int, default=5)
     g.add_argument("--max-images", type=int, default=0)
     g.add_argument("--out", help="JSON-lines file (default: stdout)")
+    g.add_argument("--allow-unk", action="store_true", help="let the decoder emit <unk> (suppressed by default; for analysis of what it would say)")
     g.add_argument("--no-progress", action="store_true")
     g.set_defaults(func=cmd_caption_generate)
 
@@ -110,7 +112,8 @@ def cmd_caption_eval(args: argparse.Namespace) -> int:
     report, captions = evaluate_captioner(args.checkpoint, dataset=args.dataset, split=args.split,
                                           retrieval=args.retrieval, beam=args.beam,
                                           meteor=False if args.no_meteor else None, max_images=args.max_images,
-                                          judges=judges, show_progress=not args.no_progress)
+                                          judges=judges, show_progress=not args.no_progress,
+                                          allow_unk=args.allow_unk)
     out = Path(args.out) if args.out else Path(args.checkpoint).parent / f"eval_{args.split}"
     jp, mp = write_caption_report(out, report, captions)
     print(mp.read_text())
@@ -126,7 +129,7 @@ def _image_files(folder: str) -> list[Path]:
     return image_files(Path(folder))
 
 
-def _folder_rows(model, vocab, ccfg, files: list[Path], beam: int, progress: bool):
+def _folder_rows(model, vocab, ccfg, files: list[Path], beam: int, progress: bool, allow_unk: bool = False):
     """Captions for image files: grid features through the frozen backbone, no cache (a user's folder)."""
     import torch
     from tqdm.auto import tqdm
@@ -145,7 +148,8 @@ def _folder_rows(model, vocab, ccfg, files: list[Path], beam: int, progress: boo
             except ImageError as e:
                 yield {"file": f.name, "error": str(e)}
         if imgs:
-            ids = decode_regions(model, grid_regions(backbone.extract(torch.stack(imgs))), vocab, beam=beam)
+            ids = decode_regions(model, grid_regions(backbone.extract(torch.stack(imgs))), vocab, beam=beam,
+                                 allow_unk=allow_unk)
             for f, c in zip(ok, vocab.decode_batch(ids)):
                 yield {"file": f.name, "caption": c}
 
@@ -163,7 +167,7 @@ def _split_rows(model, vocab, ccfg, ckpt, args):
     images = [im for im in sp.images if im.index not in store.failed][: args.max_images or None]
     rows = np.array([im.index for im in images], dtype=np.int64)
     caps = caption_rows(model, vocab, rows, lambda r: regions(store, r), beam=args.beam,
-                        show_progress=not args.no_progress)
+                        show_progress=not args.no_progress, allow_unk=args.allow_unk)
     for im, c in zip(images, caps):
         yield {"image_id": im.id, "filename": im.filename, "caption": c}
 
@@ -176,7 +180,7 @@ def cmd_caption_generate(args: argparse.Namespace) -> int:
 
     ckpt = load_caption_checkpoint(args.checkpoint)
     model, vocab, ccfg = captioner_from_checkpoint(ckpt)
-    rows = (_folder_rows(model, vocab, ccfg, files, args.beam, not args.no_progress) if files is not None
+    rows = (_folder_rows(model, vocab, ccfg, files, args.beam, not args.no_progress, args.allow_unk) if files is not None
             else _split_rows(model, vocab, ccfg, ckpt, args))
     lines = [json.dumps(r) for r in rows]
     if args.out:

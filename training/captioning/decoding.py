@@ -1,9 +1,13 @@
 """Decoding: greedy, sampling (with temperature) and beam search, for any step function.
 
 ``step(words (M,), state) -> (log_probs (M, V), state)`` where ``state`` is a tuple of tensors with
-rows first. Every decoder starts from ``<bos>``, never emits ``<pad>`` or ``<bos>`` (their probability
-is removed and the rest renormalised: ``allowed_log_probs``), and returns
-(B, max_len) word ids with ``<pad>`` after the first ``<eos>``.
+rows first. Every decoder starts from ``<bos>``, never emits ``<pad>``, ``<bos>`` or ``<unk>`` (their
+probability is removed and the rest renormalised: ``allowed_log_probs``), and returns
+(B, max_len) word ids with ``<pad>`` after the first ``<eos>``. ``<unk>`` is blocked as the
+self-critical code's ``suppress_UNK`` does: a caption saying "a man is sitting on a <unk>" is no
+caption, and SCST would otherwise be rewarded for it whenever the rest scores well; XE still learns
+to predict it (it marks where a rare word goes). ``Specials(unk=None)`` lets it through, for analysis
+(``ltd caption eval|generate --allow-unk``).
 
 Length handling: a caption has at most ``max_len`` words. A sequence that reaches ``max_len`` words
 without ``<eos>`` ends there, and its score is the sum of its words' log-probabilities (no
@@ -28,13 +32,19 @@ class Specials:
     pad: int = 0
     bos: int = 2
     eos: int = 3
+    unk: int | None = 1  # blocked at decoding; None lets the decoders emit it (analysis only)
+
+    @property
+    def blocked(self) -> list[int]:
+        return [self.pad, self.bos] + ([] if self.unk is None else [self.unk])
 
 
 def allowed_log_probs(logp: torch.Tensor, sp: Specials) -> torch.Tensor:
-    """The policy the decoders follow: the model's distribution without <pad> and <bos>, renormalised
-    (without renormalising, REINFORCE would shift mass onto the blocked tokens it never samples)."""
+    """The policy the decoders follow: the model's distribution without <pad>, <bos> and (unless
+    ``sp.unk`` is None) <unk>, renormalised (without renormalising, REINFORCE would shift mass onto
+    the blocked tokens it never samples)."""
     blocked = torch.zeros(logp.shape[1], dtype=torch.bool, device=logp.device)
-    blocked[[sp.pad, sp.bos]] = True
+    blocked[sp.blocked] = True
     return torch.log_softmax(logp.masked_fill(blocked, float("-inf")), -1)
 
 
