@@ -203,6 +203,34 @@ def test_xe_only_run_of_an_sr_pl_preset_needs_no_judge(tmp_path):
     assert ck["stage"] == "xe" and 0 < len(ck["labelled"]) < 60
 
 
+@pytest.mark.slow
+def test_xe_stops_early_on_val_and_scst_starts_from_the_best_xe_epoch(tmp_path, monkeypatch):
+    """xe.patience 2 with a scripted val CIDEr-D (best at XE epoch 2, then two epochs without a gain):
+    XE ends after epoch 4 of at most 10, and SCST's first step starts from XE epoch 2's weights."""
+    from training.captioning import loop
+    from training.captioning.config import load_caption_config
+
+    scripted = iter([0.0, 5.0, 7.0, 6.0, 6.5, 1.0])  # before training, XE epochs 1-4, SCST epoch 1
+    monkeypatch.setattr(loop.CaptionRun, "validate", lambda self, stage, epoch: {"cider": next(scripted)})
+    start, real_step = {}, loop.CaptionRun._scst_step
+
+    def spy_step(self, *a):
+        start.setdefault("weights", {k: v.clone() for k, v in self.model.state_dict().items()})
+        return real_step(self, *a)
+
+    monkeypatch.setattr(loop.CaptionRun, "_scst_step", spy_step)
+    cfg = load_caption_config("caption_synthetic_scst_cider", TINY_CAP + ["xe.epochs=10", "xe.patience=2", "scst.epochs=1"])
+    run = loop.CaptionRun(cfg, tmp_path / "run", resume=False, data=None, show_progress=False)
+    run.fit()
+    assert sorted({r["epoch"] for r in _rows(run.run_dir) if r["stage"] == "xe"}) == [1, 2, 3, 4]
+    stop = _rows(run.run_dir, "early_stop")
+    assert [(r["epoch"], r["best_epoch"]) for r in stop] == [(4, 2)]
+    best = torch.load(run.best_path, weights_only=True)
+    assert best["stage"] == "xe" and best["epoch"] == 2
+    assert all(torch.equal(start["weights"][k], best["model"][k]) for k in best["model"])
+    assert torch.load(run.ckpt_path, weights_only=True)["stage"] == "scst"
+
+
 def test_config_errors_and_presets(tmp_path):
     from training.captioning.config import load_caption_config
     from training.config import ConfigError, list_presets

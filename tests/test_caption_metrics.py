@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from indexer.caption_metrics import CaptionMetricsError, coco_scores, novel_share, self_retrieval, unique_share
 from indexer.ptb_tokenize import PUNCTUATIONS, coco_tokenize
@@ -131,6 +132,36 @@ def test_cider_d_repeated_hypotheses_and_padding_are_scored_independently():
     arr = np.array([[4, 5, 6, 7, 1, 1], [8, 9, 3, 3, 3, 3], [4, 5, 6, 7, 0, 0]])
     batched = c.score(arr, [0, 1, 0], lengths=np.array([4, 2, 4]))
     np.testing.assert_allclose(batched, [one[0], one[1], one[0]])
+
+
+@pytest.mark.parametrize("with_eos", [True, False])
+def test_scst_reward_counts_the_end_token_like_the_self_critical_code(with_eos):
+    """The SCST reward's CIDEr-D, with ``cider_eos``, equals the toolkit's Cider on the strings the
+    self-critical code builds (``array_to_str``): every reference and a candidate that emitted <eos> end
+    in an <eos> word, a candidate cut at the length limit does not; without it, the plain strings."""
+    from pycocoevalcap.cider.cider import Cider
+
+    from training.captioning.cider import with_end
+    from training.captioning.scst import SelfRetrievalReward
+
+    rng, eos, max_len = random.Random(3), 3, 6
+    refs = [[[rng.randint(4, 9) for _ in range(rng.randint(1, 9))] for _ in range(rng.randint(1, 5))] for _ in range(30)]
+    ids = torch.full((30, max_len), 0, dtype=torch.long)
+    hyps = []
+    for i in range(30):
+        n = rng.randint(0, max_len)  # n == max_len: cut at the limit, no <eos>
+        words = refs[i][0][:n] if i % 3 == 0 else [rng.randint(4, 10) for _ in range(n)]
+        ids[i, : len(words)] = torch.tensor(words, dtype=torch.long)
+        if len(words) < max_len:
+            ids[i, len(words)] = eos
+        hyps.append(words + ([eos] if with_eos and len(words) < max_len else []))
+    cider = CiderD(with_end(refs, eos) if with_eos else refs, base=12)
+    got = SelfRetrievalReward(cider, None, eos_id=eos, cider_eos=with_eos)(ids, np.arange(30), np.arange(30)).cider
+    end = [eos] if with_eos else []
+    gts = {i: [" ".join(map(str, r + end)) for r in refs[i]] for i in range(30)}
+    _, want = Cider().compute_score(gts, {i: [" ".join(map(str, h))] for i, h in enumerate(hyps)})
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+    assert any(len(h) == max_len for h in hyps) and any(h and h[-1] == eos for h in hyps) == with_eos
 
 
 TRICKY = [

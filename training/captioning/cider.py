@@ -10,6 +10,14 @@ How it is fast: every n-gram (n ≤ 4) is one int64 key (tokens shifted by one, 
 n-grams of different orders never collide); references are turned into tf-idf vectors once; a batch
 of hypotheses is matched against its images' references with one sort and one ``searchsorted``, and
 the per-order sums are ``bincount``s. No Python loop runs per caption.
+
+The end token: the self-critical reference implementation (ruotianluo/self-critical.pytorch,
+``captioning/utils/rewards.py`` ``array_to_str`` and ``scripts/prepro_ngrams.py``) scores captions
+with their end token as a word — every reference and its document frequencies get ``<eos>``
+appended, a candidate keeps the ``<eos>`` it emitted (one cut off at the length limit has none) — so
+n-grams such as "the dog <eos>" reward a caption for ending where references end, and a caption
+stopped mid-phrase ("a dog runs on the") loses them. ``with_end`` builds such references;
+``training/captioning/scst.py`` passes candidate lengths that include the emitted ``<eos>``.
 """
 from __future__ import annotations
 
@@ -62,6 +70,18 @@ def ngram_counts(tokens: np.ndarray, lengths: np.ndarray, base: int, n: int = OR
     starts = np.flatnonzero(new)
     counts = np.diff(np.append(starts, len(r)))
     return r[starts], kk[starts], o[starts], counts
+
+
+def with_end(refs: Sequence[Sequence[Sequence[int]]], end: int) -> list[list[list[int]]]:
+    """Every reference sentence with the end token appended (the self-critical reward's references)."""
+    return [[list(r) + [end] for r in image] for image in refs]
+
+
+def lengths_with_end(ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Token counts that include a candidate's end token: ``lengths`` (words before the first
+    ``<eos>``) + 1 where the row holds that ``<eos>`` (a caption cut at the length limit has none)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return lengths + (lengths < np.asarray(ids).shape[1])
 
 
 @dataclass

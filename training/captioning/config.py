@@ -53,7 +53,7 @@ class CapModelConfig(Section):
 
 
 class XEConfig(Section):
-    epochs: NonNegativeInt = 25
+    epochs: NonNegativeInt = 25  # at most this many (with patience > 0: until val CIDEr-D stops rising)
     batch_size: PositiveInt = 50  # images per step; each brings captions_per_image captions
     captions_per_image: PositiveInt = 5  # per image per epoch (sampled without replacement, seeded)
     lr: Positive = 5e-4
@@ -63,6 +63,9 @@ class XEConfig(Section):
     ss_step: float = 0.05
     ss_max: Annotated[float, must(lambda v: 0 <= v <= 1, "must be in [0, 1]")] = 0.25  # … up to ss_max
     grad_clip: float = 0.1  # per-element clamp of gradients, as the self-critical code does
+    # early stopping: end XE after this many epochs without a new best val CIDEr-D, and start SCST from the
+    # best XE epoch; 0 = run every epoch and continue SCST from the last one
+    patience: NonNegativeInt = 0
 
 
 class SCSTConfig(Section):
@@ -71,6 +74,8 @@ class SCSTConfig(Section):
     batch_size: Annotated[int, must(lambda v: v >= 2, "must be >= 2 (the retrieval reward needs other images)")] = 50
     lr: Positive = 5e-5
     cider_weight: float = 1.0
+    cider_eos: bool = True  # the CIDEr-D reward counts the end token as a word (self-critical.pytorch's reward);
+    # false: the earlier reward without it (RESULTS §6c's superseded rows)
     alpha: NonNegative = 0.0  # weight of the retrieval reward r_ret = -L_ret (paper: 1; ablation 0, 1, 4)
     retrieval_loss: C.RetrievalLoss = "vse_max"  # vse_max (VSE++ max of hinges) | vse_sum (VSE0) | softmax (InfoNCE)
     margin: float = 0.2

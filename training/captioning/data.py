@@ -7,7 +7,9 @@ reshaped into regions on demand.
 
 CIDEr-D references use every word of the reference captions (not truncated, rare words kept under
 ids of their own), so a generated ``<unk>`` never matches anything; document frequencies come from
-the labelled training references.
+the labelled training references. The training references end in ``<eos>`` when the reward counts
+the end token (``scst.cider_eos``, as the self-critical code does); val's do not (val CIDEr-D is the
+COCO metric, which has no end token).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.captioning.cider import CiderD
+from training.captioning.cider import CiderD, with_end
 from training.captioning.config import CaptionConfig
 from training.captioning.vocab import CaptionVocab
 from training.config import ConfigError
@@ -134,7 +136,7 @@ def prepare_captioning(cfg: CaptionConfig, *, vocab: CaptionVocab | None = None,
     val_refs = split_refs(val, words)
     # a fixed base covers every id the reward can see (the captioner's vocabulary is a prefix)
     lab_refs = split_refs(train, words, lab_images)
-    train_cider = CiderD(lab_refs, base=words.size + 2)
+    train_cider = CiderD(with_end(lab_refs, vocab.eos_id) if cfg.scst.cider_eos else lab_refs, base=words.size + 2)
     val_cider = CiderD(val_refs, base=words.size + 2)
     log.info("captioning data: %d train images (%d labelled), %d val, vocabulary %d words (min count %d), grid %s",
              len(train.images), int(labelled.sum()), len(val.images), len(vocab), cfg.data.min_word_count,

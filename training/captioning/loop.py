@@ -118,7 +118,8 @@ class CaptionRun:
         self.reward = SelfRetrievalReward(self.data.train_cider, self.judge, eos_id=v.eos_id,
                                           cider_weight=cfg.scst.cider_weight,
                                           alpha=cfg.scst.alpha if cfg.needs_judge else 0.0,  # e.g. XE only: no judge
-                                          loss=cfg.scst.retrieval_loss, margin=cfg.scst.margin, tau=cfg.scst.tau)
+                                          loss=cfg.scst.retrieval_loss, margin=cfg.scst.margin, tau=cfg.scst.tau,
+                                          cider_eos=cfg.scst.cider_eos)
         self.sampler, self.pool_rows = None, np.zeros(0, dtype=np.int64)
 
     # ---- set-up -------------------------------------------------------------------------------
@@ -319,6 +320,25 @@ class CaptionRun:
             "judge": judge, "versions": versions(), "torch_rng": torch.get_rng_state(),
             "dataset": {"name": d.dataset.name, "json": str(d.dataset.json_path)}})
 
+    def _xe_converged(self, epochs_done: int) -> bool:
+        """Early stopping on val: ``xe.patience`` epochs in a row without a new best val CIDEr-D (the
+        decision is a function of the checkpointed ``best``, so a resumed run makes the same one)."""
+        patience = self.cfg.xe.patience
+        if not patience or self.best.get("stage") != "xe" or epochs_done - self.best["epoch"] < patience:
+            return False
+        log.info("XE converged: no val CIDEr-D gain in %d epochs since epoch %d (%.1f)", patience,
+                 self.best["epoch"], self.best["cider"])
+        self.mlog.write(type="early_stop", stage="xe", epoch=epochs_done, step=self.global_step,
+                        best_epoch=self.best["epoch"], best_cider=self.best["cider"])
+        return True
+
+    def _from_best_xe(self) -> None:
+        """With early stopping, SCST starts from the best XE epoch (what ``train.init_from=XE/best.pt``
+        does for a separate run), not from the epochs past it."""
+        if self.cfg.xe.patience and self.best.get("stage") == "xe" and self.best_path.exists():
+            self.model.load_state_dict(ckpt_io.load_caption_checkpoint(self.best_path)["model"])
+            log.info("SCST starts from the best XE epoch (%d, val CIDEr-D %.1f)", self.best["epoch"], self.best["cider"])
+
     def fit(self) -> None:
         cfg = self.cfg
         if self.fresh:
@@ -329,8 +349,11 @@ class CaptionRun:
         for stage, n_epochs in plan[STAGES.index(self.stage):]:
             if stage != self.stage:  # XE finished: SCST starts with its own optimiser and learning rate
                 self.stage, self.epoch, self.step_in_epoch = stage, 0, 0
+                self._from_best_xe()
                 self.optimizer = self._optimizer(stage)
             for epoch in range(self.epoch, n_epochs):
+                if stage == "xe" and self._xe_converged(epoch):
+                    break
                 self._epoch(stage, epoch, n_epochs)
                 res = self.validate(stage, epoch + 1)
                 if res["cider"] > self.best["cider"]:

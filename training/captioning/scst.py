@@ -9,7 +9,8 @@ decoding is needed. The loss is REINFORCE's
 −(r − b) · Σ_t log π(w_t), averaged over the sampled tokens (<eos> included), as the self-critical
 code does.
 
-Reward per caption: ``cider_weight`` · CIDEr-D (labelled images only) + ``alpha`` · r_ret, with
+Reward per caption: ``cider_weight`` · CIDEr-D (labelled images only; with ``cider_eos`` the end token
+counts as a word, as in the self-critical reference code: ``training/captioning/cider.py``) + ``alpha`` · r_ret, with
 r_ret = −L_ret of the caption as a query against all images of the batch (labelled and unlabelled),
 plus ``distractors`` random training images that take part in the retrieval reward only (a small
 batch of images with several samples each keeps a judge's candidate pool as large as the paper's
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from training.captioning.cider import CiderD
+from training.captioning.cider import CiderD, lengths_with_end
 from training.captioning.retrieval_reward import Judge, retrieval_loss
 from training.captioning.vocab import sequence_lengths
 
@@ -55,10 +56,13 @@ class SelfRetrievalReward:
     judge's retrieval reward among the batch's images."""
 
     def __init__(self, cider: CiderD | None, judge: Judge | None, *, eos_id: int, cider_weight: float = 1.0,
-                 alpha: float = 0.0, loss: str = "vse_max", margin: float = 0.2, tau: float = 0.1):
+                 alpha: float = 0.0, loss: str = "vse_max", margin: float = 0.2, tau: float = 0.1,
+                 cider_eos: bool = False):
+        """``cider_eos``: score a caption's emitted <eos> as a word (``cider``'s references must then end in
+        <eos> too: ``cider.with_end``)."""
         if alpha > 0 and judge is None:
             raise ValueError("a retrieval reward (alpha > 0) needs a judge")
-        self.cider, self.judge, self.eos_id = cider, judge, eos_id
+        self.cider, self.judge, self.eos_id, self.cider_eos = cider, judge, eos_id, cider_eos
         self.cider_weight, self.alpha, self.loss_kind, self.margin, self.tau = cider_weight, alpha, loss, margin, tau
 
     @property
@@ -79,8 +83,10 @@ class SelfRetrievalReward:
         refs = np.tile(cider_refs, q // b)
         lab = refs >= 0
         if self.cider is not None and self.cider_weight > 0 and lab.any():
-            arr = ids.cpu().numpy()
-            scores = self.cider.score(arr[lab], refs[lab], lengths.cpu().numpy()[lab])
+            arr, n_tok = ids.cpu().numpy(), lengths.cpu().numpy()
+            if self.cider_eos:
+                n_tok = lengths_with_end(arr, n_tok)
+            scores = self.cider.score(arr[lab], refs[lab], n_tok[lab])
             cider[torch.from_numpy(lab)] = torch.from_numpy(scores).float()
         r_ret = torch.zeros(q)
         if self.uses_judge:
