@@ -92,7 +92,7 @@ def evaluate_captioner(checkpoint: str | Path, *, dataset: str | None = None, sp
         "dataset": {"name": ds.name, "json": str(ds.json_path), "split": sp.name},
         "retrieval": {"path": str(retrieval), "sha256": sha256_file(retrieval)[:16]} if retrieval else None,
         "beam": beam, "max_len": vocab.max_len, "unk": "allowed" if allow_unk else "suppressed",
-        "tokenizer": "PTB (COCO toolkit rules, Python port)",
+        "tokenizer": "PTB (the COCO toolkit's CoreNLP 3.4.1 PTBTokenizer, Python port)",
         "meteor": "computed" if "METEOR" in scores else scores.get("meteor_unavailable"), "spice": SPICE_UNSUPPORTED,
         "generation_seconds": round(gen_seconds, 2), "captions_per_second": round(len(keep) / max(gen_seconds, 1e-9), 1)}
     out = [{"image_id": sp.images[i].id, "filename": sp.images[i].filename, "caption": c,

@@ -2,8 +2,9 @@
 (``pycocoevalcap``), self-retrieval R@k of generated captions, and the shares of unique and novel
 captions.
 
-- Tokenisation is the toolkit's (PTBTokenizer, lower-cased, punctuation dropped), done in Python by
-  ``indexer/ptb_tokenize.py`` so that no Java is needed for it.
+- Tokenisation is the toolkit's (its Java PTBTokenizer, lower-cased, punctuation dropped), reproduced
+  token for token in Python by ``indexer/ptb_tokenize.py`` (a port of the scanner's rules) so that no
+  Java is needed for it.
 - METEOR runs the toolkit's Java jar: it needs ``java`` on PATH (``make java-deps`` installs
   Debian's ``default-jre-headless``). Without Java it is left out and ``meteor_unavailable`` says why.
 - SPICE is not supported: the toolkit's SPICE downloads Stanford CoreNLP models on first use, and

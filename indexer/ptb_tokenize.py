@@ -1,220 +1,217 @@
-"""The COCO caption toolkit's tokenisation, in Python.
+"""The COCO caption toolkit's tokenisation, in Python, token for token.
 
-``pycocoevalcap``'s ``PTBTokenizer`` shells out to Stanford CoreNLP 3.4.1's PTBTokenizer
-(``-preserveLines -lowerCase``) and then drops the tokens in ``PUNCTUATIONS``. This module does
-the same without Java, for the cases captions contain: clitics (``does n't``, ``dog 's``,
-``ca n't``, ``gon na``), quotes (``"`` → ````/''``, curly quotes), brackets (``-lrb-``: lower-cased,
-so the toolkit's filter, which lists ``-LRB-``, keeps them), sentence-final periods split off but
-abbreviations (``mr.``, ``st.``, ``u.s.``, ``a.m.``) and numbers (``3.5``, ``1,000``, ``10:30``)
-kept whole, dashes and ellipses normalised (``—`` → ``--``, ``…`` → ``...``).
+``pycocoevalcap``'s ``PTBTokenizer`` writes every caption of a dict on a line of one file, runs
+Stanford CoreNLP 3.4.1's PTBTokenizer over it (``-preserveLines -lowerCase``), splits the output
+into lines again and drops the tokens in ``PUNCTUATIONS``. This module does the same without Java:
+the scanner's rules (``indexer/ptb_lexer_rules.py``, from its ``PTBLexer.flex``) run with JFlex's
+semantics — at every position the longest match over all rules (a rule's trailing context counts
+towards its length but is not consumed), ties to the earlier rule — and the same actions
+(``<unk>``-like tags kept whole, ``(`` → ``-lrb-``, ``"`` → `````` or ``''``, clitics split off,
+``cannot`` → ``can not``, an abbreviation ending a sentence followed by a period of its own, ...).
 
-Known differences from the Java lexer (tests/test_caption_metrics.py checks agreement on tricky
-strings, and on all Flickr8k captions when the data and Java are present): the lexer's guess that
-an abbreviation such as ``Inc.`` ends a sentence because the next word is capitalised is not
-reproduced (lower-case input never triggers it); URLs and e-mail addresses are kept whole only in
-their plain forms.
+``tokenize_for_eval`` reproduces the toolkit's whole pipeline, including its two quirks: a caption's
+last token can depend on the next caption in the file (``etc.`` before a capitalised line gets a
+period of its own), and line-break characters other than ``\\n`` inside a caption (``\\r``, U+2028,
+...) shift the lines the way the Java output does. ``coco_tokenize`` tokenises one caption alone.
+tests/test_caption_metrics.py checks both against the toolkit's jar (when Java is present) on the
+grammar's hard cases, random strings, and every Flickr8k caption.
+
+Speed: a fast path skips the rule scan for plain ASCII words followed by a space, a newline or the
+end (no rule can take such a word other than whole, except the assimilations ``cannot``, ``gonna``,
+...), and every match is confined to a window (this line, blank lines, the next line: the farthest
+any rule's trailing context reaches; the whole rest of the text for ``<``, whose tags' quoted
+attributes may span lines), because ``regex`` may scan to the end of its window for a pattern's
+required characters before matching.
 """
 from __future__ import annotations
 
-import re
+from collections.abc import Iterator, Sequence
+from functools import cache
+
+import regex
+
+from indexer.ptb_lexer_rules import compile_rules
 
 # pycocoevalcap.tokenizer.ptbtokenizer.PUNCTUATIONS, as the toolkit filters them (case-sensitive).
 PUNCTUATIONS = frozenset(["''", "'", "``", "`", "-LRB-", "-RRB-", "-LCB-", "-RCB-", ".", "?", "!", ",", ":", "-",
                           "--", "...", ";"])
 
-# Abbreviations the lexer keeps with their period. Those in SENTENCE_FINAL also end a sentence at the
-# end of a line, where the lexer then adds a separate "." (``etc.`` → ``etc. .``); titles do not.
-_TITLES = {"mr", "mrs", "ms", "dr", "st", "mt", "prof", "gen", "rep", "sen", "gov", "lt", "col", "capt", "sgt",
-           "rev", "messrs", "ft", "vs", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep",
-           "sept", "oct", "nov", "dec", "mon", "tue", "wed", "thu", "fri", "sat", "sun", "ave", "blvd", "rd",
-           "hwy", "fig", "approx", "dept", "est", "vol", "pp", "op", "cf", "al"}
-_SENTENCE_FINAL = {"etc", "inc", "co", "corp", "ltd", "jr", "sr", "bros", "llc", "plc", "assn", "univ"}
-_ACRONYM = re.compile(r"^(?:[a-z]\.){2,}$|^[a-z]\.(?:[a-z]\.)+$", re.I)  # u.s.  a.m.  e.g.
-_NUMBER = re.compile(r"^[+-]?(?:\d+(?:[.,:/]\d+)*|\.\d+)$")
-_URLISH = re.compile(r"^(?:[a-z][a-z0-9+.-]*://\S+|[\w.+-]+@[\w-]+(?:\.[\w-]+)+)$", re.I)
-_CLITIC = re.compile(r"^(.+?)(n't|'s|'m|'d|'re|'ll|'ve)$", re.I)
-_SPLIT_WORDS = {"cannot": ("can", "not"), "gonna": ("gon", "na"), "gotta": ("got", "ta"), "wanna": ("wan", "na"),
-                "gimme": ("gim", "me"), "lemme": ("lem", "me"), "dunno": ("du", "n", "no")}
-_BRACKETS = {"(": "-lrb-", ")": "-rrb-", "[": "-lsb-", "]": "-rsb-", "{": "-lcb-", "}": "-rcb-"}
-_SYMBOLS = set(",;!?%$*<>=+&#@~^|\\") | set(_BRACKETS)
-_TRANSLATE = str.maketrans({"\u2014": " -- ", "\u2013": " -- ", "\u2026": " ... ", "\u201c": ' " ',
-                            "\u201d": ' "" ', "\u2018": " ` ", "\u2019": "'", "\u00a0": " "})
+_NEWLINE = object()
+_FAST_WORD = regex.compile(r"[A-Za-z]+(?=[ \n]|\Z)")
+_ASSIMILATIONS = frozenset({"cannot", "gonna", "gotta", "lemme", "gimme", "wanna"})
+_AMP = regex.compile(r"&amp;", regex.IGNORECASE)
+_QUOTES_LEFT = str.maketrans({"'": "`", '"': "``"})
+_QUOTES_RIGHT = str.maketrans({"'": "'", '"': "''"})
+_QUOTES_CURLY = str.maketrans({"\u0091": "`", "\u2018": "`", "\u201B": "`", "\u2039": "`", "\u0092": "'",
+                               "\u2019": "'", "\u203A": "'", "\u0093": "``", "\u201C": "``", "\u00AB": "``",
+                               "\u0094": "''", "\u201D": "''", "\u00BB": "''"})
+_FRACTIONS = str.maketrans({"\u00BC": "1/4", "\u00BD": "1/2", "\u00BE": "3/4", "\u2153": "1/3", "\u2154": "2/3"})
+_CURRENCY = str.maketrans({"\u00A2": "cents", "\u00A3": "#", "\u0080": "$", "\u00A4": "$", "\u20A0": "$", "\u20AC": "$"})
+_PARENS = str.maketrans({"(": "-LRB-", ")": "-RRB-"})
+_SPACENL = frozenset(" \t\u00A0\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200A\u3000"
+                     "\r\n\u2028\u2029\u000B\u000C\u0085")
+_NON_BMP = regex.compile(r"[\U00010000-\U0010FFFF]")
+_SURROGATE_PAIR = regex.compile(r"[\uD800-\uDBFF][\uDC00-\uDFFF]")
+_SURROGATE = regex.compile(r"[\uD800-\uDFFF]")
 
 
-def _symbol_token(ch: str) -> str:
-    return _BRACKETS.get(ch, ch)
+@cache
+def _rules() -> tuple[list, dict[str, list]]:
+    """The compiled rules (built on first use: ~1 s), and for each ASCII character the rules that can
+    match text starting with it (regex's partial matching decides; a non-ASCII character tries all)."""
+    rules = compile_rules()
+    return rules, {chr(c): [r for r in rules if r[0].match(chr(c), partial=True) is not None] for c in range(128)}
 
 
-def _split_periods(word: str, last: bool) -> list[str]:
-    """A word with trailing period(s): keep an abbreviation or number whole, else split the period off."""
-    if word.endswith("..."):
-        return _split_periods(word[:-3], False) + ["..."] if word[:-3] else ["..."]
-    if not word.endswith(".") or word == ".":
-        return [word] if word else []
-    body = word[:-1]
-    low = body.lower()
-    if _ACRONYM.match(word):
-        return [word]
-    if low in _TITLES or (len(low) == 1 and low.isalpha() and not last):
-        return [word]
-    if low in _SENTENCE_FINAL:
-        return [word, "."] if last else [word]
-    if "." in body and not body.endswith("."):  # hello..world is handled by the caller; 3.5. → 3.5 .
-        return [body, "."]
-    return _split_periods(body, False) + ["."] if body.endswith(".") else [body, "."]
+def _to_utf16(text: str) -> str:
+    """Characters outside the BMP as two surrogates each: the Java scanner sees UTF-16 code units."""
+    return _NON_BMP.sub(lambda m: "".join(chr(u) for u in _units(m.group())), text)
 
 
-def _split_clitics(word: str) -> list[str]:
-    low = word.lower()
-    if low in _SPLIT_WORDS:
-        out, i = [], 0
-        for part in _SPLIT_WORDS[low]:
-            out.append(word[i:i + len(part)])
-            i += len(part)
-        return out
-    if low in ("'tis", "'twas"):
-        return [word[:2], word[2:]]
-    m = _CLITIC.match(word)
-    if m and any(c.isalpha() for c in m.group(1)):
-        head, tail = m.group(1), m.group(2)
-        if tail.lower() == "n't" and head.lower() in ("ca", "wo", "do", "does", "did", "is", "was", "are", "were",
-                                                      "has", "have", "had", "could", "would", "should", "must",
-                                                      "need", "ai", "might", "sha", "dare"):
-            return [head, tail]
-        if tail.lower() == "n't":
-            return [head, tail]
-        return _split_clitics(head) + [tail]
-    if len(word) > 1 and word.endswith("'") and word[-2].lower() == "s":  # dogs' → dogs '
-        return [word[:-1], "'"]
-    return [word]
+def _units(ch: str) -> tuple[int, int]:
+    c = ord(ch) - 0x10000
+    return 0xD800 + (c >> 10), 0xDC00 + (c & 0x3FF)
 
 
-def _chunk_tokens(chunk: str, last: bool) -> list[str]:
-    """Tokens of one whitespace-free chunk."""
-    if _URLISH.match(chunk) or _NUMBER.match(chunk) or chunk.lower() == "'n'":
-        return [chunk]
-    m = re.match(r"^('(?:s|m|d|re|ll|ve))-(.+)$", chunk, re.I)  # ant 's-eye-view → 's - eye-view
-    if m:
-        return [m.group(1), "-"] + _chunk_tokens(m.group(2), last)
-    out: list[str] = []
-    # leading symbols and opening quotes
-    while chunk:
-        if chunk.startswith('"'):
-            out.append("``")
-            chunk = chunk[1:]
-        elif chunk.startswith("``"):
-            out.append("``")
-            chunk = chunk[2:]
-        elif chunk[0] == "`":
-            out.append("`")
-            chunk = chunk[1:]
-        elif chunk[0] == "'" and chunk.lower() not in ("'tis", "'twas") and not re.match(r"^'(s|m|d|re|ll|ve)$", chunk, re.I):
-            if chunk.startswith("''"):
-                out.append("''")
-                chunk = chunk[2:]
-            else:
-                out.append("`")
-                chunk = chunk[1:]
-        elif chunk[0] in "!?":
-            j = 0
-            while j < len(chunk) and chunk[j] in "!?":
-                j += 1
-            out.append(chunk[:j])
-            chunk = chunk[j:]
-        elif chunk[0] in _SYMBOLS and chunk[0] not in "#@":
-            out.append(_symbol_token(chunk[0]))
-            chunk = chunk[1:]
-        elif chunk.startswith("--"):
-            out.append("--")
-            chunk = chunk[2:]
-        elif chunk[0] == "-" and len(chunk) > 1 and chunk[1].isalpha():
-            out.append("-")
-            chunk = chunk[1:]
-        else:
-            break
-    # trailing symbols and closing quotes
-    tail: list[str] = []
-    while chunk:
-        if chunk.endswith('""') or chunk.endswith("''"):
-            tail.insert(0, "''")
-            chunk = chunk[:-2]
-        elif chunk.endswith('"'):
-            tail.insert(0, "''")
-            chunk = chunk[:-1]
-        elif chunk[-1] in "!?":
-            j = len(chunk)
-            while j > 0 and chunk[j - 1] in "!?":
-                j -= 1
-            tail.insert(0, chunk[j:])
-            chunk = chunk[:j]
-        elif chunk[-1] in _SYMBOLS and chunk[-1] not in "#@":
-            tail.insert(0, _symbol_token(chunk[-1]))
-            chunk = chunk[:-1]
-        elif chunk.endswith("--"):
-            tail.insert(0, "--")
-            chunk = chunk[:-2]
-        elif chunk.endswith(":") and len(chunk) > 1:
-            tail.insert(0, ":")
-            chunk = chunk[:-1]
-        elif chunk.endswith("'") and not (len(chunk) > 1 and chunk[-2].lower() == "s") and chunk not in ("'",) and \
-                not re.search(r"'[a-z]+'$", chunk, re.I):
-            tail.insert(0, "'")
-            chunk = chunk[:-1]
-        elif chunk.endswith(".") and tail:  # end."  → end . ''
-            break
-        else:
-            break
-    if not chunk:
-        return out + tail
-    return out + _middle(chunk, last and not tail) + tail
+def _from_utf16(token: str) -> str:
+    """Surrogate pairs back to characters; a lone surrogate becomes '?' (Java's UTF-8 encoder)."""
+    if token.isascii():
+        return token
+    token = _SURROGATE_PAIR.sub(lambda m: chr(0x10000 + ((ord(m.group()[0]) - 0xD800) << 10)
+                                              + ord(m.group()[1]) - 0xDC00), token)
+    return _SURROGATE.sub("?", token)
 
 
-def _middle(chunk: str, last: bool) -> list[str]:
-    if _URLISH.match(chunk) or _NUMBER.match(chunk):
-        return [chunk]
-    # inner symbols split the chunk (a=b, 3<4, 50%), keeping numbers and times together
-    parts = re.split(r"([,;!?%$*<>=+&~^|\\(){}\[\]]|\.{2,}|--)", chunk)
-    if len(parts) > 1:
-        out: list[str] = []
-        for i, p in enumerate(parts):
-            if not p:
+def _latex_quotes(tok: str, left: bool) -> str:
+    tok = tok.replace("&apos;", "'").replace("&quot;", '"')
+    return tok.translate(_QUOTES_LEFT if left else _QUOTES_RIGHT).translate(_QUOTES_CURLY)
+
+
+def _act(action: str, head: str) -> tuple[str | object | None, int]:
+    """(token text, None to emit nothing, or _NEWLINE; characters of the head given back for rescanning)."""
+    if action in ("keep", "period"):
+        return head, (1 if action == "period" else 0)
+    if action == "soft":
+        return head.replace("\u00AD", "") or "-", 0
+    if action == "amp":
+        return _AMP.sub("&", head), 0
+    if action in ("skip", "drop"):
+        return None, 0
+    if action == "newline":
+        return _NEWLINE, 0
+    if action in ("left", "right"):
+        return _latex_quotes(head, action == "left"), 0
+    if action.startswith("split:"):
+        n = int(action[6:])
+        return head[:-n], n
+    if action == "acronym":  # "I." → "I" then "."; "U.S." → "U.S." then "." (the period scanned again)
+        return (head[:-1], 1) if len(head) == 2 else (head, 1)
+    if action == "hyphens":
+        return ("--" if 3 <= len(head) <= 4 else head), 0
+    if action in ("nbsp", "phone"):
+        head = head.replace(" ", "\u00A0")
+        return (head.translate(_PARENS) if action == "phone" else head), 0
+    fixed = {"dash": "--", "ellipsis": "...", "lt": "<", "gt": ">"}
+    if action in fixed:
+        return fixed[action], 0
+    table = {"fraction": _FRACTIONS, "currency": _CURRENCY, "paren": _PARENS}
+    if action in table:
+        return head.translate(table[action]), 0
+    if action.startswith("="):
+        return action[1:], 0
+    raise ValueError(f"unknown PTB lexer action {action!r}")
+
+
+def _window_end(text: str, pos: int) -> int:
+    """End of the text any match starting at ``pos`` can reach: the rest of this line, any blank lines,
+    and the next line with its line break (everything for a ``<``)."""
+    e = text.find("\n", pos)
+    if e < 0 or text[pos] == "<":
+        return len(text)
+    j = e
+    while j < len(text) and text[j] in _SPACENL:
+        j += 1
+    e2 = text.find("\n", j)
+    return len(text) if e2 < 0 else e2 + 1
+
+
+def scan(text: str, *, fast: bool = True) -> Iterator[str | object]:
+    """The scanner's tokens of ``text`` (before lower-casing), and ``_NEWLINE`` for every line break.
+    ``fast=False`` runs every position through the rules (the fast path's reference in the tests)."""
+    rules, by_first = _rules()
+    text = _to_utf16(text)
+    pos, end = 0, len(text)
+    while pos < end:
+        c = text[pos]
+        if fast and c == " ":
+            pos += 1
+            continue
+        if fast and c == "\n":
+            yield _NEWLINE
+            pos += 1
+            continue
+        window = _window_end(text, pos)
+        m = _FAST_WORD.match(text, pos, window) if fast and c.isascii() and c.isalpha() else None
+        if m is not None and m.group().lower() not in _ASSIMILATIONS:
+            yield m.group()
+            pos = m.end()
+            continue
+        best, best_len = None, 0
+        for quick, posix, action in by_first.get(c, rules):
+            if quick.match(text, pos, window) is None:
                 continue
-            if p in _SYMBOLS or p == "--":
-                out.append(_symbol_token(p))
-            elif re.fullmatch(r"\.{2,}", p):
-                out.extend(["..."] if len(p) >= 3 else [".", "."])
-            else:
-                out.extend(_chunk_tokens(p, last and i == len(parts) - 1))
-        return _rejoin_numbers(chunk, out)
-    if chunk.endswith("."):
-        words = _split_periods(chunk, last)
-        return [t for w in words for t in (_split_clitics(w) if w not in (".", "...") else [w])]
-    return _split_clitics(chunk)
+            mm = posix.match(text, pos, window)
+            if mm.end() - pos > best_len:
+                best, best_len = (mm, action), mm.end() - pos
+        if best is None:  # cannot happen: the last rule takes any character but \n
+            pos += 1
+            continue
+        mm, action = best
+        tok, give_back = _act(action, mm.group("h"))
+        pos = mm.end("h") - give_back
+        if tok is not None:
+            yield tok
 
 
-def _rejoin_numbers(chunk: str, tokens: list[str]) -> list[str]:
-    """``1,000`` / ``10,5`` stay whole: the split above broke them at the comma."""
-    if re.fullmatch(r"\d+(?:,\d+)+", chunk):
-        return [chunk]
-    return tokens
+def _lower(tok: str) -> str:
+    return _from_utf16(tok).lower()
+
+
+def ptb_lines(text: str) -> list[list[str]]:
+    """Lower-cased tokens of every line of ``text``, as the toolkit's ``-preserveLines -lowerCase``
+    command writes them (before the punctuation filter)."""
+    lines: list[list[str]] = [[]]
+    for tok in scan(text):
+        if tok is _NEWLINE:
+            lines.append([])
+        else:
+            lines[-1].append(_lower(tok))
+    return lines
 
 
 def ptb_tokens(text: str) -> list[str]:
-    """Lower-cased PTB tokens of one caption, before the toolkit's punctuation filter."""
-    text = text.replace("\n", " ").translate(_TRANSLATE)
-    chunks = text.split()
-    out: list[str] = []
-    for i, c in enumerate(chunks):
-        out.extend(_chunk_tokens(c, i == len(chunks) - 1))
-    return [t.lower() for t in out]
+    """Lower-cased PTB tokens of one caption on its own (line breaks inside it only separate tokens)."""
+    return [t for line in ptb_lines(text.replace("\n", " ")) for t in line]
+
+
+def _filtered(tokens: Sequence[str]) -> str:
+    return " ".join(t for t in tokens if t not in PUNCTUATIONS)
 
 
 def coco_tokenize(text: str) -> str:
-    """The caption as ``pycocoevalcap``'s PTBTokenizer returns it: PTB tokens, lower-cased, with the
-    toolkit's punctuation tokens removed, joined by single spaces."""
-    return " ".join(t for t in ptb_tokens(text) if t not in PUNCTUATIONS)
+    """One caption as ``pycocoevalcap``'s PTBTokenizer returns it when it is alone in the file:
+    PTB tokens, lower-cased, the toolkit's punctuation tokens removed, joined by single spaces."""
+    return _filtered(ptb_tokens(text))
 
 
 def tokenize_for_eval(captions: dict) -> dict:
-    """``{key: [caption, ...]}`` → ``{key: [tokenised caption, ...]}`` (the toolkit's input format)."""
-    return {k: [coco_tokenize(c) for c in v] for k, v in captions.items()}
+    """``{key: [caption, ...]}`` → ``{key: [tokenised caption, ...]}``, exactly as
+    ``PTBTokenizer().tokenize`` returns it for ``{key: [{"caption": caption}, ...]}``: one file of all
+    captions in dict order, the Java output split into lines, paired with the keys (``zip``)."""
+    keys = [k for k, v in captions.items() for _ in range(len(v))]
+    text = "\n".join(c.replace("\n", " ") for v in captions.values() for c in v)
+    out = "\n".join(" ".join(line) for line in ptb_lines(text))
+    result: dict = {}
+    for k, line in zip(keys, out.split("\n")):
+        result.setdefault(k, []).append(" ".join(w for w in line.rstrip().split(" ") if w not in PUNCTUATIONS))
+    return result
