@@ -77,8 +77,9 @@ class CaptionerRegistry:
             self._backbones[size] = EfficientNetLite0("grid", image_size=size).eval()
             warm_up(self._backbones[size])  # before request threads: see registry.warm_up
         stage = ckpt.get("stage")
+        judge = (ckpt.get("judge") or {}).get("sha256") if stage == "scst" else None
         info = {"stage": stage, "alpha": cfg.scst.alpha if stage == "scst" else None,
-                "labelled_fraction": cfg.data.labelled_fraction, "judge": (ckpt.get("judge") or {}).get("name"),
+                "labelled_fraction": cfg.data.labelled_fraction, "judge_sha256": judge,
                 "epoch": ckpt.get("epoch"), "val": (ckpt.get("best") or {}).get("value")}
         return CaptionerEntry(name, model, vocab, self._backbones[size], path.resolve(), sha256_file(path), info)
 

@@ -268,8 +268,11 @@ class SearchService:
         except ImageError as e:
             raise NotFound(f"image {image_id} cannot be read: {e}") from None
 
-    def _ranks(self, caption: str, img, image_id: int | None) -> list[dict]:
-        """The image's rank for ``caption`` under every serving retrieval model."""
+    def _ranks(self, caption: str, img, image_id: int | None, judge: str | None = None) -> list[dict]:
+        """The image's rank for ``caption`` under every serving retrieval model, each flagged ``teacher``
+        (it is ``judge``, the sha256 prefix of the model the captioner was trained against) and
+        ``referee`` (no served captioner was trained against it: an independent view)."""
+        teachers = {c.info.get("judge_sha256") for c in self.captioners.entries.values()} - {None}
         out = []
         for e in self.entries.values():
             vec = self.encoder.encode(e, self.clean_query(caption))
@@ -281,7 +284,9 @@ class SearchService:
                 with torch.inference_mode():
                     image_vec = e.model.image(e.model.image.prepare([img]).to(e.model.device)).float().cpu()[0].numpy()
             rank, of, score = image_rank(e, vec, row=row, image_vec=image_vec)
-            out.append({"model": e.name, "rank": rank, "of": of, "score": score, "in_index": row is not None})
+            out.append({"model": e.name, "rank": rank, "of": of, "score": score, "in_index": row is not None,
+                        "teacher": bool(judge) and e.sha256.startswith(judge),
+                        "referee": not any(e.sha256.startswith(t) for t in teachers)})
         return out
 
     def _cider(self, caption: str, image_id: int | None) -> float | None:
@@ -309,7 +314,7 @@ class SearchService:
         for c in entries:
             t0 = time.perf_counter()
             text = c.caption(img, beam)
-            ranks = self._ranks(text, img, iid) if text.strip() else []  # an empty caption ranks nothing
+            ranks = self._ranks(text, img, iid, c.info.get("judge_sha256")) if text.strip() else []  # none for ""
             out.append({"captioner": c.name, "caption": text, "cider": self._cider(text, iid), "retrieval": ranks,
                         "info": c.info,
                         "took_ms": (time.perf_counter() - t0) * 1000})

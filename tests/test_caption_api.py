@@ -161,3 +161,34 @@ def test_caption_tab_renders_cards_and_the_checker(svc, image_id):
     check = tab.check_caption(svc, "a red circle", str(image_id), None)
     assert check.count('class="ltd-rankbadge') == 2
     assert "ltd-error" in tab.check_caption(svc, "   ", str(image_id), None)  # an empty caption is a message
+
+
+def test_ranks_mark_the_captioners_judge_and_the_referee(tiny_index_pair, tiny_captioner, tmp_path, image_id):
+    """A self-critical captioner trained against bl: under bl its rank is flagged ``teacher``; ltd, which
+    no served captioner trained against, is the ``referee`` for every caption (REST and Caption tab)."""
+    from app.api.routers.deps import thumbnail_url
+    from app.cli import main
+    from conftest import TINY_CAPTIONER
+    from ui.tabs import caption as tab
+
+    judge = tiny_index_pair["runs"]["bl"] / "best.pt"
+    sets = [a for s in TINY_CAPTIONER + ["scst.epochs=1", "scst.batch_size=8"] for a in ("--set", s)]
+    assert main(["caption", "train", "--config", "caption_synthetic_sr_fl", "--retrieval", str(judge), "--out",
+                 str(tmp_path / "sr"), "--no-progress", "--set", f"train.init_from={tiny_captioner}", *sets]) == 0
+    settings = Settings(models={"bl": str(tiny_index_pair["bl"]), "ltd": str(tiny_index_pair["ltd"])},
+                        captioners={"xe": str(tiny_captioner), "sr": str(tmp_path / "sr" / "best.pt")}, ui=False,
+                        load_in_background=False)
+    with TestClient(create_app(settings)) as c:
+        info = c.get("/api/captioners").json()["ready"]
+        assert info["xe"]["judge_sha256"] is None and len(info["sr"]["judge_sha256"]) == 16
+        svc = c.app.state.service
+        out = svc.check_caption("a small red circle", image_id=image_id)  # a caption by a person: no teacher
+        assert {r["model"]: (r["teacher"], r["referee"]) for r in out["retrieval"]} == {"bl": (False, False),
+                                                                                          "ltd": (False, True)}
+        body = c.post("/api/caption", json={"image_id": image_id, "beam": 1}).json()
+        for cap in body["captions"]:
+            if cap["caption"].strip():
+                flags = {r["model"]: (r["teacher"], r["referee"]) for r in cap["retrieval"]}
+                assert flags == {"bl": (cap["captioner"] == "sr", False), "ltd": (False, True)}
+        html = tab.caption_image(svc, str(image_id), None, 1, lambda i, m, s: thumbnail_url(i, m or "", s))
+        assert "referee</em>" in html or not any(cap["caption"].strip() for cap in body["captions"])

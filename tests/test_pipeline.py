@@ -90,35 +90,64 @@ def test_demo_shortcuts_trains_with_them_and_tests_without_and_with(tmp_path, ca
 
 
 @pytest.mark.slow
-def test_demo_captioning_trains_judges_and_captioners_and_reuses(tmp_path, capsys, monkeypatch):
-    """`ltd demo --shortcuts --captioning`: clean judges (the demo's shortcut models cannot judge), XE, SR-FL
-    under each judge started from XE, every captioner evaluated under both judges; a re-run retrains
-    nothing. (Without --shortcuts the judges are the demo's own two models: no judge runs.)"""
+@pytest.mark.parametrize("shortcuts", [False, True], ids=["default", "shortcuts"])
+def test_demo_captioning_trains_the_control_and_the_referee_and_reuses(tmp_path, capsys, monkeypatch, shortcuts):
+    """`ltd demo --captioning`: the referee (a recipe and seed no judge has), XE, then from XE SCST with
+    CIDEr-D only and SR-FL under each judge (the demo's two models; with --shortcuts two clean ones are
+    trained); the table under the referee and the sentence; a re-run retrains and re-evaluates nothing."""
     from test_caption_cli import TINY_CAP
 
     from app.cli import main
+    from app.cli.demo_captioning import REFEREE
 
     monkeypatch.delenv("LTD_DATA_DIR", raising=False)
-    args = _demo_args(tmp_path, "--shortcuts", "--captioning")
+    args = _demo_args(tmp_path, "--captioning", *(["--shortcuts"] if shortcuts else []))
     for s in TINY_CAP:
         if not s.startswith("data.synthetic_images"):
             args += ["--caption-set", s]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "| captioner | BLEU-4 | CIDEr-D | unique_% | self R@1 (bl judge) |" in out
-    for name in ("xe", "sr_bl", "sr_ltd"):
-        assert f"| {name} |" in out
-    root = tmp_path / "demo" / "synthetic_svl"
+    assert "| captioner | CIDEr-D | unique % | self-R@1, referee | self-R@10, referee |" in out
+    for row in ("cross-entropy only", "SCST, CIDEr-D only", "SR-FL, baseline judge", "SR-FL, LTD judge"):
+        assert f"| {row} |" in out
+    assert "self-R@10 under the referee against SCST with CIDEr-D only in this run" in out
+    assert "the 3-seed measurement is for the scene presets unchanged" in out  # --caption-set: not the presets
+    root = tmp_path / "demo" / ("synthetic_svl" if shortcuts else "synthetic")
+    judges = {j: (root / "runs" / (f"judge_{j}" if shortcuts else j) / "best.pt").resolve() for j in ("bl", "ltd")}
+    ref_cfg = yaml.safe_load((root / "runs" / "referee" / "config.yaml").read_text())
+    preset, sets = REFEREE["synthetic_svl" if shortcuts else "synthetic"]
+    assert ref_cfg["train"]["seed"] == 1 and ref_cfg["train"]["name"] == preset and sets == ["train.seed=1"]
     for j in ("bl", "ltd"):
-        assert yaml.safe_load((root / "runs" / f"judge_{j}" / "config.yaml").read_text())["data"]["shortcuts"] == "none"
-        cfg = yaml.safe_load((root / "captioners" / f"sr_{j}" / "config.yaml").read_text())
-        assert Path(cfg["train"]["retrieval"]) == (root / "runs" / f"judge_{j}" / "best.pt").resolve()
-        assert Path(cfg["train"]["init_from"]) == (root / "captioners" / "xe" / "best.pt").resolve()
-    rep = json.loads((root / "captioners" / "sr_ltd" / "eval_test" / "report.json").read_text())
-    assert set(rep["judges"]) == {"bl", "ltd"} and rep["meta"]["dataset"]["split"] == "test"
+        judge_cfg = yaml.safe_load((judges[j].parent / "config.yaml").read_text())
+        assert (judge_cfg["train"]["seed"], judge_cfg["data"]["shortcuts"]) == (0, "none")
+    xe = (root / "captioners" / "xe" / "best.pt").resolve()
+    for name, judge in (("scst", ""), ("sr_bl", str(judges["bl"])), ("sr_ltd", str(judges["ltd"]))):
+        cfg = yaml.safe_load((root / "captioners" / name / "config.yaml").read_text())
+        assert Path(cfg["train"]["init_from"]) == xe and cfg["train"]["retrieval"] == judge
+        assert (cfg["scst"]["alpha"] == 0) == (name == "scst")
+        rep = json.loads((root / "captioners" / name / "eval_test" / "report.json").read_text())
+        assert set(rep["judges"]) == {"referee", "bl", "ltd"} and rep["meta"]["dataset"]["split"] == "test"
+    assert json.loads((root / "indexes" / "referee" / "manifest.json").read_text())["dataset"]["split"] == "test"
     mtimes = {p: p.stat().st_mtime for p in root.rglob("*.pt")} | {p: p.stat().st_mtime for p in root.rglob("report.json")}
-    assert main(args) == 0  # re-running reuses every run and report
+    assert main(args) == 0  # re-running reuses every run, index and report
     assert {p: p.stat().st_mtime for p in mtimes} == mtimes
+
+
+def test_caption_sentence_quotes_the_measurement_only_for_the_scene_presets(capsys):
+    from app.cli.demo_captioning import CAPTION_MEASURED, print_caption_comparison
+
+    def rep(cider, r10):
+        return {"CIDEr-D": cider, "unique_%": 50.0, "judges": {"referee": {"self_R@1": 5.0, "self_R@10": r10}}}
+
+    reps = {"xe": rep(40.0, 30.0), "scst": rep(45.0, 31.0), "sr_bl": rep(44.0, 34.5), "sr_ltd": rep(44.5, 33.0)}
+    print_caption_comparison(reps, "synthetic", 4.0)
+    out = capsys.readouterr().out
+    assert "| SR-FL, baseline judge | 44.0 | 50.0 | 5.0 | 34.5 |" in out and "+3.5 self-R@10" in out
+    assert "CIDEr-D + 4 · self-retrieval" in out and CAPTION_MEASURED in out
+    print_caption_comparison(reps, "synthetic", 4.0, customised=True)
+    assert CAPTION_MEASURED not in capsys.readouterr().out
+    print_caption_comparison(reps, "karpathy", 1.0)
+    assert CAPTION_MEASURED not in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -294,6 +294,8 @@ class ImageRank(BaseModel):
     of: int = Field(description="how many images it was ranked among (an upload counts as one more)")
     score: float
     in_index: bool = Field(description="the image is one of the index's images (else it was embedded from the upload)")
+    teacher: bool = Field(False, description="the captioner was trained against this model (its self-retrieval judge)")
+    referee: bool = Field(False, description="no served captioner was trained against this model: an independent view")
 
 
 class GeneratedCaption(BaseModel):

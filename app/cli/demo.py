@@ -10,11 +10,11 @@ training image and caption carries a number of its own) and evaluates the test s
 them.
 Re-running reuses every finished step.
 
-``--captioning`` adds the captioner guided by self-retrieval (issue 18): a cross-entropy captioner,
-then two self-critical runs from it with reward CIDEr-D + self-retrieval, one judged by the baseline
-retrieval model and one by the LTD model (with ``--shortcuts``, two models trained without shortcuts
-judge instead: a judge must score the caption, not its number). All three are evaluated on the test
-split under both judges and served beside the retrieval models (the UI's Caption tab, ``POST /api/caption``).
+``--captioning`` adds the captioner guided by self-retrieval (issues 18 and 41, app/cli/demo_captioning.py):
+a cross-entropy captioner, then from it self-critical training with CIDEr-D only and with CIDEr-D +
+self-retrieval judged by the baseline and by the LTD model, compared under a referee retrieval model that no
+captioner trained against; all four captioners and the referee are served beside the retrieval models
+(the UI's Caption tab, ``POST /api/caption``).
 """
 from __future__ import annotations
 
@@ -33,17 +33,11 @@ PRESETS = {"synthetic": ("synthetic_small_batch_baseline", "synthetic_small_batc
            "synthetic_svl": ("synthetic_svl_baseline", "synthetic_svl_ltd"),
            "karpathy": ("flickr8k_fne_sbert_baseline", "flickr8k_fne_sbert_ltd"),
            "coco": ("coco_fne_sbert_baseline", "coco_fne_sbert_ltd")}
-# --captioning with --shortcuts: judges trained without shortcuts (a shortcut model cannot judge a caption)
-SVL_JUDGE_PRESETS = ("synthetic_baseline", "synthetic_ltd")
 # What the seeds of the default scene presets and their controls support (RESULTS.md, "The demo: small
 # batches on the scenes"); printed beside the run's own numbers. The numbers live in RESULTS.md only.
 SMALL_BATCH_CLAIM = ("over 3 seeds of these presets LTD was ahead of this baseline on every seed; whether that is "
                      "the small batch, batch 16's 8x more updates or an untuned baseline is what the step-matched "
                      "and tuned-baseline controls test (RESULTS.md, 'The demo: small batches on the scenes')")
-CAPTION_PRESETS = {"synthetic": ("caption_synthetic_xe", "caption_synthetic_sr_fl"),
-                   "karpathy": ("caption_flickr8k_xe", "caption_flickr8k_sr_fl")}
-CAPTION_PRESETS["synthetic_svl"] = CAPTION_PRESETS["synthetic"]
-CAPTION_PRESETS["coco"] = CAPTION_PRESETS["karpathy"]
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -59,8 +53,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override applied to both models (e.g. train.epochs=3)")
     p.add_argument("--captioning", action="store_true",
-                   help="also train captioners guided by self-retrieval (XE, then SCST judged by the baseline and by "
-                        "LTD), evaluate them and serve them in the Caption tab")
+                   help="also train captioners (XE, then SCST with CIDEr-D only and with self-retrieval judged by the "
+                        "baseline and by LTD), compare them under a referee model and serve them in the Caption tab")
     p.add_argument("--caption-set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for the captioners (e.g. scst.epochs=2)")
     p.add_argument("--no-serve", action="store_true", help="stop after printing the comparison table")
@@ -146,8 +140,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     rows = compare_indexes(indexes["bl"], indexes["ltd"])
     print("\nQueries where the two models disagree most (rank of the first ground truth):\n")
     print(to_markdown(rows, "bl", "ltd", top=8))
-    captioners = (run_captioning(args, kind, data_path, json_path, root, bests if shortcut == "none" else None, progress)
-                  if args.captioning else {})
+    captioners, referee = {}, {}
+    if args.captioning:
+        from app.cli.demo_captioning import run_captioning
+
+        captioners, referee = run_captioning(args, kind, data_path, json_path, root,
+                                             bests if shortcut == "none" else None, progress)
     print(f"\ndemo ready in {time.time() - t0:.0f} s. Reports: {root / 'indexes' / 'bl' / 'report.md'}, "
           f"{root / 'indexes' / 'ltd' / 'report.md'}"
           + "".join(f", {Path(p).parent / 'eval_test' / 'report.md'}" for p in captioners.values()), flush=True)
@@ -156,47 +154,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from app.cli.serve import serve
     from search import SearchService
 
-    models = {n: str(ix.path.resolve()) for n, ix in indexes.items()}
+    models = {n: str(ix.path.resolve()) for n, ix in indexes.items()} | referee
     from app.api.settings import load_settings
 
     service = SearchService(models, config=load_settings().search_config(), captioners=captioners)
     service.load()
     return serve(load_settings(models=models, captioners=captioners, load_in_background=False, allowed_hosts=hosts),
                  host=args.host, port=args.port, service=service)
-
-
-def run_captioning(args: argparse.Namespace, kind: str, data_path: str, json_path: Path, root: Path,
-                   judges: dict[str, Path] | None, progress: bool) -> dict[str, str]:
-    """XE captioner → SR-FL under the baseline judge and under the LTD judge; each evaluated on test under
-    both judges. ``judges``: the demo's retrieval models when they trained without shortcuts, else None
-    (two clean ones are trained). Returns {captioner name: best.pt} for serving."""
-    from app.pipeline import ensure_caption_report, ensure_captioner, ensure_trained
-    from training.captioning.config import load_caption_config
-    from training.config import load_config
-
-    if judges is None:
-        judges = {}
-        for name, preset in zip(("bl", "ltd"), SVL_JUDGE_PRESETS):
-            print(f"[judge {name}] training {preset}: a self-retrieval judge without shortcuts (it must score "
-                  "the caption, not its number)", flush=True)
-            cfg = load_config(preset, [f"data.path={data_path}", *args.set])
-            judges[name] = ensure_trained(cfg, root / "runs" / f"judge_{name}", show_progress=progress)
-    judges = {n: p.resolve() for n, p in judges.items()}
-    cap_root = root / "captioners"
-    base = [f"data.path={json_path}", *args.caption_set]
-    xe_preset, sr_preset = CAPTION_PRESETS[kind]
-    print(f"[xe] training the captioner ({xe_preset}: cross-entropy, scheduled sampling)", flush=True)
-    caps = {"xe": ensure_captioner(load_caption_config(xe_preset, base), cap_root / "xe", show_progress=progress)}
-    for j, judge in judges.items():
-        print(f"[sr_{j}] self-critical from xe, reward CIDEr-D + self-retrieval under the {j} judge ({sr_preset})",
-              flush=True)
-        cfg = load_caption_config(sr_preset, base + [f"train.init_from={caps['xe'].resolve()}", f"train.retrieval={judge}"])
-        caps[f"sr_{j}"] = ensure_captioner(cfg, cap_root / f"sr_{j}", show_progress=progress)
-    print("[captioners] evaluating on the test split (beam 5) under both judges", flush=True)
-    reports = {c: ensure_caption_report(p, judges, cap_root / c / "eval_test", show_progress=progress)
-               for c, p in caps.items()}
-    print_caption_comparison(reports, list(judges))
-    return {c: str(p.resolve()) for c, p in caps.items()}
 
 
 def print_marks(cfgs: dict) -> None:
@@ -213,22 +177,6 @@ def print_marks(cfgs: dict) -> None:
                 else f"its LTD targets come from {describe_loss(cfg.loss)['targets']}")
         print(f"{CAPTION_CORPORA_MARK} {name}: {what}, a sentence model trained on pairs that include Flickr30k and "
               "COCO captions (RESULTS.md: not comparable with models that learn captions from this dataset alone)")
-
-
-def print_caption_comparison(reports: dict[str, dict], judges: list[str]) -> None:
-    """One row per captioner: caption quality against the references, then self-retrieval of its test
-    captions under each judge (R@1, R@5 in %: a caption as a text→image query over the test images)."""
-    cols = ["BLEU-4", "CIDEr-D", "unique_%"]
-    head = cols + [f"self R@{k} ({j} judge)" for j in judges for k in (1, 5)]
-    print("\nCaptioners on the test split (scores ×100):\n")
-    print("| captioner | " + " | ".join(head) + " |")
-    print("|---|" + "---:|" * len(head))
-    for name, rep in reports.items():
-        vals = [rep.get(k) for k in cols] + [rep["judges"][j][f"self_R@{k}"] for j in judges for k in (1, 5)]
-        print(f"| {name} | " + " | ".join("n/a" if v is None else f"{v:.1f}" for v in vals) + " |")
-    print("\nxe: cross-entropy only; sr_bl / sr_ltd: then self-critical with CIDEr-D + self-retrieval under the "
-          "baseline / LTD judge. A captioner is favoured by the judge it was trained with; read the other judge's "
-          "column for an independent view. One seed: RESULTS.md §6c has 3 seeds on Flickr8k.")
 
 
 def print_comparison(reports: dict[str, dict], with_shortcut: dict[str, dict], shortcut: str, kind: str,

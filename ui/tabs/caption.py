@@ -1,6 +1,7 @@
 """The Caption tab: the served captioners side by side on one image (e.g. cross-entropy, CIDEr-only
 and self-retrieval training), each caption with its CIDEr-D against the image's references and the
-image's rank for it under every retrieval model; and a checker for a caption you write."""
+image's rank for it under every retrieval model — the captioner's own judge and the referee (a model
+no served captioner trained against) marked; and a checker for a caption you write."""
 from __future__ import annotations
 
 from typing import Any
@@ -18,14 +19,22 @@ NO_CAPTIONER = ("This server has no captioner. Train one with `ltd caption train
                 "`--captioner NAME=runs/…/best.pt` (repeatable) to compare captioners here.")
 
 
+ROLES = {"teacher": ("judge", "this captioner was trained against this model, which favours its captions"),
+         "referee": ("referee", "no served captioner was trained against this model: the independent view")}
+
+
 def _rank_badges(ranks: list[dict]) -> str:
-    """One badge per retrieval model: rank 1 green, top 5 amber, further red."""
+    """One badge per retrieval model: rank 1 green, top 5 amber, further red; the captioner's own judge
+    and the referee (a model no captioner trained against) are marked."""
     out = []
     for r in ranks:
         cls = "gt" if r["rank"] == 1 else ("near" if r["rank"] <= 5 else "miss")
-        tip = f"{r['model']}: the image ranks {r['rank']} of {r['of']} for this caption (score {r['score']:.3f})"
+        role = next((ROLES[k] for k in ("teacher", "referee") if r.get(k)), None)
+        tip = (f"{r['model']}: the image ranks {r['rank']} of {r['of']} for this caption (score {r['score']:.3f})"
+               + (f"; {role[1]}" if role else ""))
         out.append(f'<span class="ltd-rankbadge {cls}" title="{esc(tip)}">{esc(r["model"])} '
-                   f'<b>#{r["rank"]}</b><small>/{r["of"]}</small></span>')
+                   f'<b>#{r["rank"]}</b><small>/{r["of"]}</small>'
+                   + (f' <em class="ltd-role">{role[0]}</em>' if role else "") + "</span>")
     return "".join(out) or '<span class="ltd-muted">no retrieval model can rank this image</span>'
 
 
