@@ -12,8 +12,17 @@ def value(rep, key, judge):
     return rep[key] if judge is None else rep["judges"][judge][key]
 
 
-def table(root: Path, kinds, cols, pairs, seeds=SEEDS) -> str:
-    """kinds: [(folder prefix, label)]; cols: [(report key, judge name or None)]; pairs: [(a, b)] for Δ a − b."""
+def t_interval(d: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """Seed-level interval of a mean difference: mean ± t(n − 1) · std / √n."""
+    from scipy import stats
+
+    half = stats.t.ppf(0.5 + level / 2, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    return float(d.mean() - half), float(d.mean() + half)
+
+
+def table(root: Path, kinds, cols, pairs, seeds=SEEDS, interval: bool = False) -> str:
+    """kinds: [(folder prefix, label)]; cols: [(report key, judge name or None)]; pairs: [(a, b)] for Δ a − b
+    (with ``interval``: and its 95 % t-interval over seeds)."""
     reps = {k: {s: json.load(open(root / f"{k}_{s}" / "report.json")) for s in seeds
                 if (root / f"{k}_{s}" / "report.json").is_file()} for k, _ in kinds}
     head = [k if j is None else f"{k} ({j} judge)" for k, j in cols]
@@ -35,6 +44,7 @@ def table(root: Path, kinds, cols, pairs, seeds=SEEDS) -> str:
         for key, j in cols:
             d = np.array([value(reps[a][s], key, j) - value(reps[b][s], key, j) for s in both])
             sd = f" ± {d.std(ddof=1):.1f}" if n > 1 else ""
-            cells.append(f"{d.mean():+.1f}{sd} ({(d > 0).sum()}/{n})")
+            ci = " [{:+.1f}, {:+.1f}]".format(*t_interval(d)) if interval and n > 1 else ""
+            cells.append(f"{d.mean():+.1f}{sd} ({(d > 0).sum()}/{n}){ci}")
         out.append(f"| Δ {a} − {b} | {n} | " + " | ".join(cells) + " |")
     return "\n".join(out)

@@ -14,4 +14,4 @@ KINDS = [("xe", "XE"), ("scst", "SCST, CIDEr-D only"), ("srfl_bl", "SR-FL, basel
 COLS = [("BLEU-4", None), ("METEOR", None), ("ROUGE-L", None), ("CIDEr-D", None), ("unique_%", None),
         ("novel_%", None), ("mean_length", None), ("self_R@1", "bl"), ("self_R@10", "bl"), ("self_R@1", "ltd"), ("self_R@10", "ltd")]
 PAIRS = [("scst", "xe"), ("srfl_bl", "scst"), ("srfl_bl_a4", "scst"), ("srfl_ltd", "scst"), ("srfl_ltd", "srfl_bl")]
-print(table(R, KINDS, COLS, PAIRS))
+print(table(R, KINDS, COLS, PAIRS, interval=True))  # Δ rows: mean ± std (seeds ahead) [95 % t-interval]
