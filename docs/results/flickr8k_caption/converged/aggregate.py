@@ -1,17 +1,13 @@
-"""RESULTS §6c, the 2026-11-26 re-run (converged XE, end token in the reward): mean ± std over seeds of every captioner's test report, and the
-seed-matched differences SCST − XE and SR-FL − SCST.   python aggregate.py [EVAL_FOLDER]
-(EVAL_FOLDER holds {xe,scst,srfl_bl,srfl_ltd}_s{0,1,2}/report.json; default: this folder)."""
+"""RESULTS §6c, the 2026-11-26 re-run (converged XE, the end token in the reward, no <unk>, the Java-exact
+tokenizer): mean5/'s table of the captioners that were re-run, with a 95 % t-interval over seeds on
+every seed-matched difference.   python aggregate.py EVAL_FOLDER  ({xe,scst,srfl_bl,...}_s{0,1,2}/report.json)"""
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mean5"))
+from aggregate import COLS, KINDS, PAIRS  # noqa: E402  (mean5/aggregate.py)
 from caption_table import table  # noqa: E402
 
-R = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent)
-KINDS = [("xe", "XE"), ("scst", "SCST, CIDEr-D only"), ("srfl_bl", "SR-FL, baseline judge"),
-         ("srfl_bl_a4", "SR-FL, baseline judge, α 4"),
-         ("srfl_ltd", "SR-FL, LTD judge")]
-COLS = [("BLEU-4", None), ("METEOR", None), ("ROUGE-L", None), ("CIDEr-D", None), ("unique_%", None),
-        ("novel_%", None), ("mean_length", None), ("self_R@1", "bl"), ("self_R@10", "bl"), ("self_R@1", "ltd"), ("self_R@10", "ltd")]
-PAIRS = [("scst", "xe"), ("srfl_bl", "scst"), ("srfl_bl_a4", "scst"), ("srfl_ltd", "scst"), ("srfl_ltd", "srfl_bl")]
-print(table(R, KINDS, COLS, PAIRS, interval=True))  # Δ rows: mean ± std (seeds ahead) [95 % t-interval]
+if __name__ == "__main__":
+    print(table(Path(sys.argv[1]), KINDS, COLS, PAIRS, interval=True))
