@@ -334,8 +334,12 @@ class CaptionRun:
 
     def _from_best_xe(self) -> None:
         """With early stopping, SCST starts from the best XE epoch (what ``train.init_from=XE/best.pt``
-        does for a separate run), not from the epochs past it."""
-        if self.cfg.xe.patience and self.best.get("stage") == "xe" and self.best_path.exists():
+        does for a separate run), not from the epochs past it. Data parallel: rank 0 writes best.pt, so
+        every process waits for it (the broadcast) before reading it."""
+        if not (self.cfg.xe.patience and self.best.get("stage") == "xe"):
+            return
+        distributed.broadcast_float(0.0)  # a barrier: rank 0 has finished writing best.pt
+        if self.best_path.exists():
             self.model.load_state_dict(ckpt_io.load_caption_checkpoint(self.best_path)["model"])
             log.info("SCST starts from the best XE epoch (%d, val CIDEr-D %.1f)", self.best["epoch"], self.best["cider"])
 
