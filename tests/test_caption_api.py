@@ -166,9 +166,10 @@ def test_caption_tab_renders_cards_and_the_checker(svc, image_id):
 def test_ranks_mark_the_captioners_judge_and_the_referee(tiny_index_pair, tiny_captioner, tmp_path, image_id):
     """A self-critical captioner trained against bl: under bl its rank is flagged ``teacher``; ltd, which
     no served captioner trained against, is the ``referee`` for every caption (REST and Caption tab)."""
+    from conftest import TINY_CAPTIONER
+
     from app.api.routers.deps import thumbnail_url
     from app.cli import main
-    from conftest import TINY_CAPTIONER
     from ui.tabs import caption as tab
 
     judge = tiny_index_pair["runs"]["bl"] / "best.pt"

@@ -146,9 +146,8 @@ def test_every_bmp_character_is_scanned_as_the_jar_scans_it(tmp_path):
 def test_python_ptb_tokenizer_agrees_with_java_on_every_flickr8k_caption():
     import json
 
-    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
-
     from conftest import flickr8k_json
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
     path = flickr8k_json()
     if path is None:

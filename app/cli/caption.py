@@ -44,7 +44,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     e.add_argument("--out", help="report folder (default: the checkpoint's folder / eval_<split>)")
     e.add_argument("--max-images", type=int, default=0, help="only the first N images of the split (0 = all)")
     e.add_argument("--no-meteor", action="store_true", help="skip METEOR (it needs Java)")
-    e.add_argument("--allow-unk", action="store_true", help="let the decoder emit <unk> (suppressed by default; for analysis of what it would say)")
+    e.add_argument("--allow-unk", action="store_true",
+                   help="let the decoder emit <unk> (suppressed by default; for analysis of what it would say)")
     e.add_argument("--no-progress", action="store_true")
     e.set_defaults(func=cmd_caption_eval)
 
@@ -58,7 +59,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     g.add_argument("--beam", type=int, default=5)
     g.add_argument("--max-images", type=int, default=0)
     g.add_argument("--out", help="JSON-lines file (default: stdout)")
-    g.add_argument("--allow-unk", action="store_true", help="let the decoder emit <unk> (suppressed by default; for analysis of what it would say)")
+    g.add_argument("--allow-unk", action="store_true",
+                   help="let the decoder emit <unk> (suppressed by default; for analysis of what it would say)")
     g.add_argument("--no-progress", action="store_true")
     g.set_defaults(func=cmd_caption_generate)
 
