@@ -247,3 +247,30 @@ def test_ui_takes_its_own_uploads_and_refuses_urls_live(server):
 
     for folder in (str(live.ROOT), os.environ["LTD_CACHE_DIR"], os.getcwd()):
         assert folder not in text, (folder, text[-500:])
+
+
+def test_a_refused_body_gets_its_413_not_a_reset(server):
+    """A JSON body over its limit, still arriving after the server has decided (what a reverse proxy
+    sends): the client reads the 413. Refused unread, the rest of the body hit a closed socket, the
+    server's kernel answered with a TCP reset, and nginx in front answered 502
+    (tests/test_nginx_example.py saw it)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    _, base = server
+    host, port = urlsplit(base).hostname, urlsplit(base).port
+    body = json.dumps({"query": "x" * 100_000}).encode()  # 100 KB: over the 64 KB JSON limit
+    head = (f"POST /api/search/text HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    for _ in range(10):
+        with socket.create_connection((host, port), timeout=10) as s:
+            s.sendall(head + body[:16_384])
+            time.sleep(0.3)  # the server has read the headers and decided by now
+            for at in range(16_384, len(body), 8192):  # as nginx writes the rest: a reset here was its 502
+                s.sendall(body[at:at + 8192])
+                time.sleep(0.01)
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        assert b"exceeds the limit" in answer

@@ -1,4 +1,4 @@
-"""Request body limits: 413 for a body over the limit of its path and type, without reading more than
+"""Request body limits: 413 for a body over the limit of its path and type, without keeping more than
 the limit.
 
 - a multipart/form-data body on an upload endpoint (``/api/search/image``, ``/api/compare``,
@@ -22,6 +22,23 @@ from app.api.settings import Settings
 UPLOAD_PATHS = frozenset({"/api/search/image", "/api/compare", "/api/caption", "/api/caption/check",
                           "/api/explain", "/ui/gradio_api/upload"})  # exact paths
 MULTIPART_OVERHEAD = 64 * 1024  # boundaries, part headers and the small form fields next to the file
+DRAIN_BYTES = 1 << 20  # a refused body up to this size is read and dropped before the 413 is sent
+
+
+async def _drain(receive: Receive, budget: int) -> None:
+    """Read and drop what is left of a refused body, at most ``budget`` bytes (nothing is kept).
+
+    Closing a connection whose request data is still unread makes the kernel send a reset instead of
+    a normal close; a client, or a reverse proxy in front (nginx answers 502), then never sees the 413.
+    Bodies beyond the budget are not drained: those connections are cut, as before. The connection's
+    body deadline (app/api/connections.py) bounds the time a slow sender can hold the drain."""
+    while budget > 0:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        budget -= len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 class _BodyTooLarge(Exception):
@@ -29,9 +46,10 @@ class _BodyTooLarge(Exception):
 
 
 class BodyLimitMiddleware:
-    """413 for request bodies over the limit of their path, without reading more than the limit.
+    """413 for request bodies over the limit of their path, without keeping more than the limit.
 
-    A Content-Length over the limit is refused before the body is read; a body that streams past
+    A Content-Length over the limit is refused without passing the body on (one up to
+    ``DRAIN_BYTES`` is read and dropped first, so that the 413 arrives); a body that streams past
     the limit (chunked, or a lying Content-Length) stops the read with an exception, and whatever
     the app was about to answer is replaced by the 413. ``limit_for(path, content_type)`` returns None
     for no limit.
@@ -57,6 +75,8 @@ class BodyLimitMiddleware:
             return
         length = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
         if length.isdigit() and int(length) > limit:
+            if int(length) <= DRAIN_BYTES:
+                await _drain(receive, DRAIN_BYTES)
             await self._send_413(send, limit)
             return
         total, exceeded, started = 0, False, False
@@ -87,6 +107,7 @@ class BodyLimitMiddleware:
             await self.app(scope, limited_receive, guarded_send)
         except _BodyTooLarge:
             if not started:
+                await _drain(receive, DRAIN_BYTES - total)
                 await self._send_413(send, limit)
 
 
