@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import pair_settings
 from fastapi.testclient import TestClient
 from PIL import Image
 
@@ -26,23 +27,14 @@ from search import SearchService
 MB = 1024 * 1024
 
 
-def _settings(pair, **kw) -> Settings:
-    base = dict(models={"bl": str(pair["bl"]), "ltd": str(pair["ltd"])}, ui=False, load_in_background=False,
-                torch_threads=0, faiss_threads=0)
-    return Settings(**(base | kw))
-
-
 @pytest.fixture(scope="module")
-def service(tiny_index_pair) -> SearchService:
-    svc = _settings(tiny_index_pair).search_service()
-    svc.load()
-    yield svc
-    svc.close()
+def service(pair_service) -> SearchService:
+    return pair_service
 
 
 @pytest.fixture(scope="module")
 def client(tiny_index_pair, service):
-    app = create_app(_settings(tiny_index_pair), service=service)
+    app = create_app(pair_settings(tiny_index_pair), service=service)
     with TestClient(app) as c:
         yield c
 
@@ -103,7 +95,7 @@ def test_health_while_loading_then_ready(tiny_index_pair, monkeypatch):
         return real(*a, **kw)
 
     monkeypatch.setattr(search.registry, "load_entry", gated)
-    settings = _settings(tiny_index_pair, load_in_background=True, text_batching=True)
+    settings = pair_settings(tiny_index_pair, load_in_background=True, text_batching=True)
     svc = settings.search_service()
     with TestClient(create_app(settings, service=svc)) as c:
         r = c.get("/api/health")
@@ -417,7 +409,7 @@ def test_unexpected_errors_become_json_500(tiny_index_pair, service):
         def search_text(self, *a, **kw):
             raise RuntimeError("boom")
 
-    app = create_app(_settings(tiny_index_pair), service=service)
+    app = create_app(pair_settings(tiny_index_pair), service=service)
     app.dependency_overrides[get_service] = lambda: Broken()
     with TestClient(app, raise_server_exceptions=False) as c:
         assert_error(c.post("/api/search/text", json={"query": "a"}), 500, "internal")
@@ -428,11 +420,11 @@ def test_unexpected_errors_become_json_500(tiny_index_pair, service):
 # ---- the service behind it: cache and batching -----------------------------------------------------
 def test_batched_cached_and_direct_encodings_agree(tiny_index_pair, service):
     texts = [f"a {c} {s} in the corner" for c in ("red", "blue", "green", "pink") for s in ("square", "circle", "cross")]
-    direct = _settings(tiny_index_pair, text_cache=0, text_batching=False).search_service()
+    direct = pair_settings(tiny_index_pair, text_cache=0, text_batching=False).search_service()
     direct.load()
     ref = np.stack([direct.encode_text("ltd", t) for t in texts])
     assert direct.text_cache_info()["hits"] == 0
-    batched = _settings(tiny_index_pair, text_cache=0, text_batching=True).search_service()
+    batched = pair_settings(tiny_index_pair, text_cache=0, text_batching=True).search_service()
     batched.load()
     out: dict[int, np.ndarray] = {}
     threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, batched.encode_text("ltd", texts[i])))
@@ -453,9 +445,9 @@ def test_batched_cached_and_direct_encodings_agree(tiny_index_pair, service):
 
 
 def test_quantized_query_encoder_is_close(tiny_index_pair):
-    quant = _settings(tiny_index_pair, text_quantize=True, text_cache=0).search_service()
+    quant = pair_settings(tiny_index_pair, text_quantize=True, text_cache=0).search_service()
     quant.load()
-    ref = _settings(tiny_index_pair, text_cache=0, text_batching=False).search_service()
+    ref = pair_settings(tiny_index_pair, text_cache=0, text_batching=False).search_service()
     ref.load()
     for text in ("a red square in the corner", "a big striped blue circle"):
         a, b = quant.encode_text("ltd", text), ref.encode_text("ltd", text)
@@ -479,7 +471,7 @@ def test_serve_cli_rejects_bad_input(argv, message, capsys, monkeypatch):
     assert message in capsys.readouterr().err
 
 
-def test_serve_cli_builds_settings(tiny_index_pair, capsys, monkeypatch):
+def test_serve_cli_buildspair_settings(tiny_index_pair, capsys, monkeypatch):
     import app.cli.serve as cmd
     from app.cli import main
 
@@ -508,7 +500,7 @@ def test_serve_cli_builds_settings(tiny_index_pair, capsys, monkeypatch):
 
 @pytest.mark.slow
 def test_ui_is_mounted_next_to_the_api(tiny_index_pair, service):
-    app = create_app(_settings(tiny_index_pair, ui=True), service=service)
+    app = create_app(pair_settings(tiny_index_pair, ui=True), service=service)
     assert app.state.ui_mounted  # the UI is part of the project: not mounting it is a failure
     with TestClient(app) as c:
         r = c.get("/ui/")
@@ -550,7 +542,7 @@ def test_a_broken_model_is_reported_and_the_others_serve(tiny_index_pair, tmp_pa
     (broken / "manifest.json").write_text(json.dumps(mf))
     svc = SearchService({"bl": str(tiny_index_pair["bl"]), "ltd": str(broken)})
     svc.load()
-    app = create_app(_settings(tiny_index_pair), service=svc)
+    app = create_app(pair_settings(tiny_index_pair), service=svc)
     with TestClient(app) as c:
         h = c.get("/api/health")
         assert h.status_code == 200 and h.json()["status"] == "degraded" and h.json()["loaded"] == ["bl"]

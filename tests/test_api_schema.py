@@ -11,6 +11,7 @@ import io
 
 import pytest
 import schemathesis
+from conftest import pair_settings
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -38,13 +39,8 @@ schemathesis.openapi.media_type("image/png", _images("PNG"))
 
 
 @pytest.fixture(scope="module")
-def api_app(tiny_index_pair):
-    cfg = Settings(models={"bl": str(tiny_index_pair["bl"]), "ltd": str(tiny_index_pair["ltd"])}, ui=False,
-                   load_in_background=False, torch_threads=0, faiss_threads=0)
-    svc = cfg.search_service()
-    svc.load()
-    yield create_app(cfg, service=svc)
-    svc.close()
+def api_app(tiny_index_pair, pair_service):
+    return create_app(pair_settings(tiny_index_pair), service=pair_service)
 
 
 # The document is generated without loading any model (nothing is read from these paths), so the

@@ -11,11 +11,8 @@ from search.explain import _signed, occlusion_variants, ranks_of, split_words, w
 
 
 @pytest.fixture(scope="module")
-def svc(tiny_index_pair) -> SearchService:
-    s = SearchService({"bl": tiny_index_pair["bl"], "ltd": tiny_index_pair["ltd"]})
-    s.load()
-    yield s
-    s.close()
+def svc(pair_service) -> SearchService:
+    return pair_service
 
 
 def _api_score_rank(svc: SearchService, model: str, image_id: int, **query) -> tuple[float, int]:

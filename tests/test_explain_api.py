@@ -6,23 +6,18 @@ import json
 from dataclasses import asdict
 
 import pytest
+from conftest import pair_settings
 from fastapi.testclient import TestClient
 
 from app.api.main import create_app
-from app.api.settings import Settings
 from search import SearchService
 
 
 @pytest.fixture(scope="module")
-def client(tiny_index_pair):
-    settings = Settings(models={"bl": str(tiny_index_pair["bl"]), "ltd": str(tiny_index_pair["ltd"])}, ui=False,
-                        load_in_background=False, torch_threads=0, faiss_threads=0)
-    svc = settings.search_service()
-    svc.load()
-    with TestClient(create_app(settings, service=svc)) as c:
-        c.svc = svc  # type: ignore[attr-defined]
+def client(tiny_index_pair, pair_service):
+    with TestClient(create_app(pair_settings(tiny_index_pair), service=pair_service)) as c:
+        c.svc = pair_service  # type: ignore[attr-defined]
         yield c
-    svc.close()
 
 
 @pytest.fixture(scope="module")

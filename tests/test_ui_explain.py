@@ -22,11 +22,8 @@ def THUMBS(image_id: int, model: str | None, size: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def svc(tiny_index_pair) -> SearchService:
-    s = SearchService({"bl": tiny_index_pair["bl"], "ltd": tiny_index_pair["ltd"]})
-    s.load()
-    yield s
-    s.close()
+def svc(pair_service) -> SearchService:
+    return pair_service
 
 
 @pytest.fixture(scope="module")

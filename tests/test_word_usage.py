@@ -15,11 +15,8 @@ from search.word_usage import compare_usage, occlude_split, text_variants, usage
 
 
 @pytest.fixture(scope="module")
-def svc(tiny_index_pair) -> SearchService:
-    s = SearchService({"bl": tiny_index_pair["bl"], "ltd": tiny_index_pair["ltd"]})
-    s.load()
-    yield s
-    s.close()
+def svc(pair_service) -> SearchService:
+    return pair_service
 
 
 def _reference(svc: SearchService, name: str) -> dict[tuple[int, int], tuple[float, int, int]]:
