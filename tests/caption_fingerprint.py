@@ -2,7 +2,7 @@
 
     LTD_CACHE_DIR=/tmp/cfp/cache python tests/caption_fingerprint.py /tmp/cfp/before.json   # old code
     LTD_CACHE_DIR=/tmp/cfp/cache python tests/caption_fingerprint.py /tmp/cfp/after.json    # new code
-    python tests/train_fingerprint.py --compare /tmp/cfp/before.json /tmp/cfp/after.json
+    python tests/caption_fingerprint.py --compare /tmp/cfp/before.json /tmp/cfp/after.json
 
 The retrieval loop's tool (``tests/train_fingerprint.py``) for ``training/captioning/loop.py``: per case
 the metrics.jsonl lines (wall-clock ``seconds`` removed) and a sha256 of every tensor and plain value of
