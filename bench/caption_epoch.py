@@ -2,7 +2,7 @@
 
     python bench/caption_epoch.py --config caption_flickr8k_sr_fl --retrieval JUDGE.pt [--steps 20] [--set k=v]
 
-Runs ``--steps`` XE steps and ``--steps`` SCST steps of the real training loop (``CaptionRun``) and
+Runs ``--steps`` XE steps and ``--steps`` SCST steps of the real training loop's step functions and
 extrapolates to one epoch of each stage; also times beam-5 generation (captions/s) on val images.
 The machine may be shared: the numbers are what this run saw, not a benchmark of a quiet machine.
 """
@@ -23,11 +23,13 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from training.captioning import loop
     from training.captioning.config import load_caption_config
-    from training.captioning.data import regions
+    from training.captioning.data import prepare_captioning, regions
     from training.captioning.inference import decode_regions
-    from training.captioning.loop import CaptionRun
+    from training.captioning.steps import scst_step, set_up_negatives, xe_step
     from training.captioning.xe import epoch_captions
+    from training.loop import pick_device
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="caption_flickr8k_sr_fl")
@@ -37,10 +39,14 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     sets = args.set + ([f"train.retrieval={args.retrieval}"] if args.retrieval else [])
     cfg = load_caption_config(args.config, sets)
+    device = pick_device(cfg.train.device)
+    if cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
     with tempfile.TemporaryDirectory() as tmp:
-        run = CaptionRun(cfg, Path(tmp) / "run", resume=False, data=None, show_progress=False)
+        data = prepare_captioning(cfg, show_progress=False, device=str(device))
+        run = loop.set_up(cfg, data, device, Path(tmp) / "run", show_progress=False)
         d, out = run.data, {"config": args.config, "threads": torch.get_num_threads(), "sets": args.set}
-        batches = run._batches("xe", 0)
+        batches = loop.epoch_batches(run, "xe", 0)
         caps = epoch_captions(d.train.image_to_captions, np.concatenate(batches), cfg.xe.captions_per_image,
                               np.random.default_rng(0))
         off = np.cumsum([0] + [len(b) for b in batches])
@@ -48,16 +54,16 @@ def main(argv: list[str] | None = None) -> dict:
         n = min(args.steps, len(batches))
         t = time.perf_counter()
         for s in range(n):
-            run._xe_step(batches[s], caps[off[s]:off[s + 1]], 0.25, gen)
+            xe_step(run, batches[s], caps[off[s]:off[s + 1]], 0.25, gen)
         out["xe_step_s"] = (time.perf_counter() - t) / n
         out["xe_epoch_s"] = out["xe_step_s"] * len(batches)
-        run.optimizer = run._optimizer("scst")
-        run._negatives()
-        sb = run._batches("scst", 0)
+        run.at.stage, run.optimizer = "scst", loop.stage_optimizer(cfg, run.model, "scst")
+        set_up_negatives(run)
+        sb = loop.epoch_batches(run, "scst", 0)
         n = min(args.steps, len(sb))
         t = time.perf_counter()
         for s in range(n):
-            run._scst_step(sb[s], np.random.default_rng(s), gen)
+            scst_step(run, sb[s], np.random.default_rng(s), gen)
         out["scst_step_s"] = (time.perf_counter() - t) / n
         out["scst_epoch_s"] = out["scst_step_s"] * len(sb)
         rows = d.val_rows[:200]
@@ -66,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
             decode_regions(run.model, regions(d.grid, rows[i:i + 50]), d.vocab, beam=5)
         out["beam5_captions_per_s"] = len(rows) / (time.perf_counter() - t)
         t = time.perf_counter()
-        run.validate("xe", 0)
+        loop.run_validation(run, epoch=0)
         out["val_s"] = time.perf_counter() - t
         out["xe_steps_per_epoch"], out["scst_steps_per_epoch"] = len(batches), len(sb)
     print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}))

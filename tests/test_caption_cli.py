@@ -156,28 +156,29 @@ def test_unlabelled_images_enter_scst_only_in_sr_pl(judge, tmp_path, monkeypatch
     scst.negatives=none (the labelled-half controls) neither a batch nor a distractor is ever unlabelled."""
     import numpy as np
 
-    from training.captioning import loop
+    from training.captioning import steps
     from training.captioning.config import load_caption_config
+    from training.captioning.data import prepare_captioning
+    from training.captioning.loop import train_captioner
 
-    seen, distractors, real_regions, real_distractors = [], [], loop.regions, loop.CaptionRun._distractors
+    seen, distractors, real_regions, real_distractors = [], [], steps.regions, steps.distractors
 
     def spy_regions(grid, rows):
         seen.append(np.asarray(rows).copy())
         return real_regions(grid, rows)
 
-    def spy_distractors(self, rows, rng):
-        out = real_distractors(self, rows, rng)
+    def spy_distractors(r, rows, rng):
+        out = real_distractors(r, rows, rng)
         distractors.append(out)
         return out
 
-    monkeypatch.setattr(loop, "regions", spy_regions)
-    monkeypatch.setattr(loop.CaptionRun, "_distractors", spy_distractors)
+    monkeypatch.setattr(steps, "regions", spy_regions)  # the training steps' images
+    monkeypatch.setattr(steps, "distractors", spy_distractors)
     cfg = load_caption_config("caption_synthetic_sr_pl", TINY_CAP + [
         f"train.retrieval={judge}", "scst.h_min=1", "scst.h_max=5", "xe.epochs=1", "scst.epochs=1",
         "scst.distractors=5", f"scst.negatives={negatives}"])
-    run = loop.CaptionRun(cfg, tmp_path / "run", resume=False, data=None, show_progress=False)
-    run.fit()
-    d = run.data
+    d = prepare_captioning(cfg, show_progress=False)
+    train_captioner(cfg, tmp_path / "run", data=d, show_progress=False)
     unlabelled = set(d.train_rows[~d.labelled].tolist())
     assert 0 < len(unlabelled) < len(d.train_rows)
     used = set(np.concatenate(seen).tolist())
@@ -211,24 +212,23 @@ def test_xe_stops_early_on_val_and_scst_starts_from_the_best_xe_epoch(tmp_path, 
     from training.captioning.config import load_caption_config
 
     scripted = iter([0.0, 5.0, 7.0, 6.0, 6.5, 1.0])  # before training, XE epochs 1-4, SCST epoch 1
-    monkeypatch.setattr(loop.CaptionRun, "validate", lambda self, stage, epoch: {"cider": next(scripted)})
-    start, real_step = {}, loop.CaptionRun._scst_step
+    monkeypatch.setattr(loop, "run_validation", lambda r, epoch: {"cider": next(scripted)})
+    start, real_step = {}, loop.scst_step
 
-    def spy_step(self, *a):
-        start.setdefault("weights", {k: v.clone() for k, v in self.model.state_dict().items()})
-        return real_step(self, *a)
+    def spy_step(r, *a):
+        start.setdefault("weights", {k: v.clone() for k, v in r.model.state_dict().items()})
+        return real_step(r, *a)
 
-    monkeypatch.setattr(loop.CaptionRun, "_scst_step", spy_step)
+    monkeypatch.setattr(loop, "scst_step", spy_step)
     cfg = load_caption_config("caption_synthetic_scst_cider", TINY_CAP + ["xe.epochs=10", "xe.patience=2", "scst.epochs=1"])
-    run = loop.CaptionRun(cfg, tmp_path / "run", resume=False, data=None, show_progress=False)
-    run.fit()
-    assert sorted({r["epoch"] for r in _rows(run.run_dir) if r["stage"] == "xe"}) == [1, 2, 3, 4]
-    stop = _rows(run.run_dir, "early_stop")
+    run = loop.train_captioner(cfg, tmp_path / "run", show_progress=False).run_dir
+    assert sorted({r["epoch"] for r in _rows(run) if r["stage"] == "xe"}) == [1, 2, 3, 4]
+    stop = _rows(run, "early_stop")
     assert [(r["epoch"], r["best_epoch"]) for r in stop] == [(4, 2)]
-    best = torch.load(run.best_path, weights_only=True)
+    best = torch.load(run / "best.pt", weights_only=True)
     assert best["stage"] == "xe" and best["epoch"] == 2
     assert all(torch.equal(start["weights"][k], best["model"][k]) for k in best["model"])
-    assert torch.load(run.ckpt_path, weights_only=True)["stage"] == "scst"
+    assert torch.load(run / "checkpoint.pt", weights_only=True)["stage"] == "scst"
 
 
 def test_config_errors_and_presets(tmp_path):

@@ -1,4 +1,4 @@
-"""The captioner data parallel (training/captioning/loop.py) in real gloo process groups: XE on 2 × 4
+"""The captioner data parallel (training/captioning/steps.py) in real gloo process groups: XE on 2 × 4
 images is 1 × 8's, SCST's self-retrieval judge ranks every process's captions against the whole global
 batch, and `ltd caption train --nproc 2` runs XE then SCST end to end."""
 from __future__ import annotations
@@ -32,17 +32,18 @@ def _caption_steps(rank: int, world: int, judge: str, run_dir: str) -> dict:
     """Two XE steps, then one SR-PL SCST step whose reward calls are recorded."""
     from pathlib import Path
 
+    from training.captioning import loop, steps
     from training.captioning.config import load_caption_config
-    from training.captioning.loop import CaptionRun
+    from training.captioning.data import prepare_captioning
     from training.captioning.xe import epoch_captions
 
-    run = CaptionRun(load_caption_config("caption_synthetic_sr_pl", _sr_pl(judge)), Path(run_dir), resume=False,
-                     data=None, show_progress=False)
-    d, seed = run.data, run.cfg.train.seed
-    batches = run._batches("xe", 0)
-    caps = epoch_captions(d.train.image_to_captions, np.concatenate(batches), run.cfg.xe.captions_per_image,
+    cfg = load_caption_config("caption_synthetic_sr_pl", _sr_pl(judge))
+    run = loop.set_up(cfg, prepare_captioning(cfg, show_progress=False), torch.device("cpu"), Path(run_dir), False)
+    d, seed = run.data, cfg.train.seed
+    batches = loop.epoch_batches(run, "xe", 0)
+    caps = epoch_captions(d.train.image_to_captions, np.concatenate(batches), cfg.xe.captions_per_image,
                           np.random.default_rng([seed, 0, 0, 1]))
-    xe = [run._xe_step(batches[s], caps[8 * s : 8 * s + 8], 0.0, torch.Generator().manual_seed(s))["loss"]
+    xe = [steps.xe_step(run, batches[s], caps[8 * s : 8 * s + 8], 0.0, torch.Generator().manual_seed(s))["loss"]
           for s in range(2)]
     params = {k: v.clone() for k, v in run.model.state_dict().items()}
     calls, real = [], run.reward
@@ -53,10 +54,10 @@ def _caption_steps(rank: int, world: int, judge: str, run_dir: str) -> dict:
 
     recorded.uses_judge = real.uses_judge
     run.reward = recorded
-    run.stage, run.optimizer = "scst", run._optimizer("scst")
-    run._negatives()
-    lab = run._batches("scst", 0)[0]
-    row = run._scst_step(lab, np.random.default_rng(7), torch.Generator().manual_seed(7 + rank))
+    run.at.stage, run.optimizer = "scst", loop.stage_optimizer(cfg, run.model, "scst")
+    steps.set_up_negatives(run)
+    lab = loop.epoch_batches(run, "scst", 0)[0]
+    row = steps.scst_step(run, lab, np.random.default_rng(7), torch.Generator().manual_seed(7 + rank))
     return {"xe": xe, "params": params, "calls": calls, "scst_loss": row["loss"]}
 
 

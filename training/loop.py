@@ -153,12 +153,13 @@ class Run:
             self.encoders = StepEncoders(self.model)
 
 
-def open_run_dir(run_dir: Path, resume: bool) -> dict | None:
-    """The checkpoint to resume from (None: a new run); refuses to overwrite a run without ``resume``."""
+def open_run_dir(run_dir: Path, resume: bool, load: Callable[[Path], dict] = load_checkpoint) -> dict | None:
+    """The checkpoint to resume from (None: a new run), read with ``load`` (the captioner passes its own
+    loader); refuses to overwrite a run without ``resume``."""
     ckpt_path = run_dir / "checkpoint.pt"
     if ckpt_path.exists() and not resume:
         raise UserFileExists(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
-    ckpt = load_checkpoint(ckpt_path) if resume and ckpt_path.exists() else None
+    ckpt = load(ckpt_path) if resume and ckpt_path.exists() else None
     if resume and ckpt is None:
         log.warning("--resume: no checkpoint in %s, starting a new run", run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

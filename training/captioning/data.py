@@ -25,7 +25,6 @@ from training.captioning.config import CaptionConfig
 from training.captioning.vocab import CaptionVocab
 from training.config import ConfigError
 from training.data.karpathy import Dataset, DatasetError, Split, labelled_mask, load_karpathy, tokenize
-from training.errors import Unavailable
 from training.features import FeatureStore, extract_features
 from training.models.backbones import EfficientNetLite0, grid_regions
 
@@ -143,10 +142,3 @@ def prepare_captioning(cfg: CaptionConfig, *, vocab: CaptionVocab | None = None,
              store.features.shape[1:])
     return CaptionData(ds, train, val, vocab, store, labelled, targets, words, train_cider, lab_images, val_cider)
 
-
-def default_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise Unavailable("train.device=cuda but no CUDA device is available")
-    return torch.device(name)

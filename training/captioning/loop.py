@@ -1,5 +1,9 @@
-"""The captioner's training run: XE epochs (scheduled sampling), then SCST epochs (CIDEr-D +
-α · self-retrieval reward), validation after every epoch, resumable checkpoints.
+"""The captioner's training loop, in the retrieval loop's shape (``training/loop.py``): read it top to
+bottom: set-up, resume, the stages' epochs of steps, validation, checkpoints. A run is XE epochs
+(scheduled sampling), then SCST epochs (CIDEr-D + α · self-retrieval reward); ``train.init_from``
+starts SCST from an earlier run's weights instead. The steps themselves are
+``training/captioning/steps.py``'s; device choice, progress output, the run folder, the metrics log and
+the checkpoint writer are the retrieval loop's.
 
 Determinism: the image order of every epoch and every random choice inside a step (captions drawn,
 scheduled-sampling swaps, sampled captions, unlabelled negatives, dropout) come from generators
@@ -9,40 +13,37 @@ reward, baseline, their greedy counterparts, loss), ``epoch`` (seconds), ``val``
 captions on val, and self-retrieval R@1 among val images when a judge is loaded).
 
 Data parallel (``ltd caption train --nproc N``, torchrun; :mod:`training.distributed`): the batches are
-global and every process takes its share of each. XE and SCST losses are per process, weighted by its
-share of the tokens, and the gradients averaged; in SCST each process samples and rewards its own images'
-captions, but the judge ranks every caption against the images of the whole global batch (the other
-processes' images, SR-PL negatives and distractors are drawn from the same generator on every process),
-the candidates one process would use. Rank 0 alone validates and writes; the logged values are the
-processes' means.
+global and every process takes its share of each (see ``steps.py``). Rank 0 alone validates and
+writes; the others follow its validation result.
 """
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from training import distributed
 from training.captioning import checkpoint as ckpt_io
+from training.captioning.checkpoint import CaptionProgress
 from training.captioning.config import CaptionConfig
-from training.captioning.data import FEAT_CHANNELS, CaptionData, default_device, prepare_captioning, regions
-from training.captioning.decoding import sample
+from training.captioning.data import FEAT_CHANNELS, CaptionData, prepare_captioning, regions
+from training.captioning.decoding import Specials
 from training.captioning.inference import decode_regions, specials
-from training.captioning.model import build_captioner
+from training.captioning.model import TopDownCaptioner, build_captioner
 from training.captioning.negatives import NegativeSampler
-from training.captioning.retrieval_reward import Judge, load_judge, unlabelled_ranks
-from training.captioning.scst import SelfRetrievalReward, mean_of_others, scst_loss
+from training.captioning.retrieval_reward import Judge, load_judge
+from training.captioning.scst import SelfRetrievalReward
+from training.captioning.steps import scst_step, set_up_negatives, xe_step
 from training.captioning.vocab import CaptionVocab, sequence_lengths
-from training.captioning.xe import epoch_captions, feedback_probability, xe_loss
-from training.checkpoint import sha256_file, versions
-from training.config import ConfigError, dump_config
-from training.errors import UserFileExists
-from training.loop import MetricsLog
+from training.captioning.xe import epoch_captions, feedback_probability
+from training.config import dump_config
+from training.loop import open_run_dir, pick_device
+from training.metrics_log import MetricsLog
+from training.progress import progress
 
 log = logging.getLogger(__name__)
 STAGES = ("xe", "scst")
@@ -56,323 +57,250 @@ class CaptionRunResult:
     seconds: float
 
 
+def train_captioner(cfg: CaptionConfig, run_dir: str | Path, *, resume: bool = False, data: CaptionData | None = None,
+                    show_progress: bool = True) -> CaptionRunResult:
+    """Train ``cfg`` into ``run_dir``: checkpoint.pt (resumable), best.pt (best val CIDEr-D),
+    metrics.jsonl and config.yaml. ``data`` is :func:`prepare_captioning`'s result when the caller has
+    it already; ``resume`` continues the run that ``run_dir`` holds."""
+    t_start, tc, rank = time.time(), cfg.train, distributed.current()
+    device = pick_device(tc.device)
+    if tc.num_threads:
+        torch.set_num_threads(tc.num_threads)
+    run_dir, show_progress = Path(run_dir), show_progress and rank.main
+    ckpt = open_run_dir(run_dir, resume, load=ckpt_io.load_caption_checkpoint)
+    init = ckpt_io.load_caption_checkpoint(tc.init_from) if tc.init_from and ckpt is None else None
+
+    # ---- data (the vocabulary of the weights it continues), model, judge, reward, optimiser ----------
+    source = ckpt or init
+    vocab = CaptionVocab.from_dict(source["vocab"]) if source else None
+    data = data or prepare_captioning(cfg, vocab=vocab, show_progress=show_progress, device=str(device))
+    ckpt_io.check_same_labelled(source, data)
+    r = set_up(cfg, data, device, run_dir, show_progress)
+
+    # ---- SCST from train.init_from, or resume ----------------------------------------------------
+    if init is not None:
+        r.model.load_state_dict(init["model"])
+        log.info("SCST starts from %s", tc.init_from)
+    if ckpt is not None:
+        r.at = ckpt_io.restore_caption_training(ckpt, r.model)
+        r.optimizer = stage_optimizer(cfg, r.model, r.at.stage)
+        r.optimizer.load_state_dict(ckpt["optimizer"])
+        log.info("resumed %s at stage %s epoch %d step %d", run_dir, r.at.stage, r.at.epoch, r.at.step)
+    distributed.check_same_step(r.at.step)
+    if rank.main:
+        dump_config(cfg, run_dir / "config.yaml")
+    r.mlog = MetricsLog(run_dir / "metrics.jsonl" if rank.main else None,
+                        resume_step=r.at.step if ckpt is not None else None)
+    if ckpt is None:
+        r0 = run_validation(r, epoch=0)
+        log.info("val CIDEr-D before training%s: %.1f", " (from train.init_from)" if tc.init_from else "", r0["cider"])
+
+    # ---- the stages' epochs ----------------------------------------------------------------------
+    plan = [("xe", cfg.xe.epochs), ("scst", cfg.scst.epochs)]
+    for stage, n_epochs in plan[STAGES.index(r.at.stage):]:
+        if stage != r.at.stage:  # XE finished: SCST starts with its own optimiser and learning rate
+            start_scst(r)
+        for epoch in range(r.at.epoch, n_epochs):
+            if stage == "xe" and xe_converged(r, epoch):
+                break
+            t_epoch = time.time()
+            run_epoch(r, epoch, n_epochs)
+            r.mlog.write(type="epoch", stage=stage, epoch=epoch + 1, step=r.at.step, seconds=time.time() - t_epoch)
+
+            # ---- validation, best checkpoint, checkpoint -------------------------------------------
+            res = run_validation(r, epoch=epoch + 1)
+            r.at.epoch, r.at.step_in_epoch = epoch + 1, 0
+            if res["cider"] > r.at.best["cider"]:
+                r.at.best = {"cider": res["cider"], "epoch": epoch + 1, "stage": stage}
+                save_run_checkpoint(r, r.run_dir / "best.pt", resumable=False)
+            save_run_checkpoint(r, r.run_dir / "checkpoint.pt")
+            log.info("%s epoch %d/%d: val CIDEr-D %.1f%s", stage, epoch + 1, n_epochs, res["cider"],
+                     "".join(f", {k} {v:.1f}" for k, v in res.items() if k != "cider"))
+        r.at.epoch = n_epochs
+    return CaptionRunResult(run_dir, r.at.best["cider"], r.at.best["epoch"], time.time() - t_start)
+
+
+# ---- set-up --------------------------------------------------------------------------------------
+@dataclass
+class CaptionRun:
+    """What a captioner run holds between its steps: the set-up, and where it stands (``at``)."""
+
+    cfg: CaptionConfig
+    data: CaptionData
+    run_dir: Path
+    device: torch.device
+    model: TopDownCaptioner
+    optimizer: torch.optim.Optimizer  # the current stage's (each stage starts its own)
+    judge: Judge | None  # the frozen retrieval model of the self-retrieval reward (train.retrieval)
+    reward: SelfRetrievalReward
+    specials: Specials  # the vocabulary's special ids, for sampling
+    show_progress: bool
+    at: CaptionProgress = field(default_factory=CaptionProgress)
+    mlog: MetricsLog = field(default_factory=lambda: MetricsLog(None, None))  # a run built by hand logs nowhere
+    rank: distributed.Rank = field(default_factory=distributed.Rank)  # this process's place (rank 0 of 1 alone)
+    negatives: NegativeSampler | None = None  # SR-PL's unlabelled negatives (:func:`set_up_negatives`)
+    pool_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # their dataset rows
+
+
+def set_up(cfg: CaptionConfig, data: CaptionData, device: torch.device, run_dir: Path,
+           show_progress: bool) -> CaptionRun:
+    """Model (seeded), judge, reward and the first stage's optimiser: XE's, or SCST's when there are no
+    XE epochs or ``train.init_from`` gives the weights SCST starts from."""
+    torch.manual_seed(cfg.train.seed)
+    v = data.vocab
+    model = build_captioner(len(v), FEAT_CHANNELS, cfg.model, v.pad_id, v.bos_id).to(device)
+    judge = None
+    if cfg.train.retrieval:
+        judge = load_judge(cfg.train.retrieval, data.dataset, v.words, cache_dir=cfg.data.cache_dir,
+                           device=str(device), show_progress=show_progress)
+    stage = "scst" if cfg.xe.epochs == 0 or cfg.train.init_from else "xe"
+    s = cfg.scst
+    reward = SelfRetrievalReward(data.train_cider, judge, eos_id=v.eos_id, cider_weight=s.cider_weight,
+                                 alpha=s.alpha if cfg.needs_judge else 0.0,  # e.g. XE only: no judge
+                                 loss=s.retrieval_loss, margin=s.margin, tau=s.tau, cider_eos=s.cider_eos)
+    return CaptionRun(cfg=cfg, data=data, run_dir=run_dir, device=device, model=model,
+                      optimizer=stage_optimizer(cfg, model, stage), judge=judge, reward=reward, specials=specials(v),
+                      show_progress=show_progress, at=CaptionProgress(stage=stage), rank=distributed.current())
+
+
+def stage_optimizer(cfg: CaptionConfig, model: TopDownCaptioner, stage: str) -> torch.optim.Optimizer:
+    return torch.optim.Adam(model.parameters(), lr=cfg.xe.lr if stage == "xe" else cfg.scst.lr)
+
+
+# ---- stages --------------------------------------------------------------------------------------
+def xe_converged(r: CaptionRun, epochs_done: int) -> bool:
+    """Early stopping on val: ``xe.patience`` epochs in a row without a new best val CIDEr-D (the
+    decision is a function of the checkpointed ``best``, so a resumed run makes the same one)."""
+    patience, best = r.cfg.xe.patience, r.at.best
+    if not patience or best.get("stage") != "xe" or epochs_done - best["epoch"] < patience:
+        return False
+    log.info("XE converged: no val CIDEr-D gain in %d epochs since epoch %d (%.1f)", patience, best["epoch"],
+             best["cider"])
+    r.mlog.write(type="early_stop", stage="xe", epoch=epochs_done, step=r.at.step, best_epoch=best["epoch"],
+                 best_cider=best["cider"])
+    return True
+
+
+def start_scst(r: CaptionRun) -> None:
+    """SCST's first epoch, with its own optimiser. With XE early stopping SCST starts from the best XE
+    epoch (what ``train.init_from=XE/best.pt`` does for a separate run), not from the epochs past it.
+    Data parallel: rank 0 writes best.pt, so every process waits for it (the broadcast) before reading it."""
+    r.at.stage, r.at.epoch, r.at.step_in_epoch = "scst", 0, 0
+    best_path = r.run_dir / "best.pt"
+    if r.cfg.xe.patience and r.at.best.get("stage") == "xe":
+        distributed.broadcast_float(0.0)  # a barrier: rank 0 has finished writing best.pt
+        if best_path.exists():
+            r.model.load_state_dict(ckpt_io.load_caption_checkpoint(best_path)["model"])
+            log.info("SCST starts from the best XE epoch (%d, val CIDEr-D %.1f)", r.at.best["epoch"],
+                     r.at.best["cider"])
+    r.optimizer = stage_optimizer(r.cfg, r.model, "scst")
+
+
+# ---- epochs of steps -----------------------------------------------------------------------------
 def step_seed(seed: int, stage: str, epoch: int, step: int) -> int:
     return int(np.random.default_rng([seed, STAGES.index(stage), epoch, step]).integers(2**62))
 
 
-def _clip(params, value: float) -> None:
-    if value > 0:
-        for p in params:
-            if p.grad is not None:
-                p.grad.clamp_(-value, value)
+def epoch_batches(r: CaptionRun, stage: str, epoch: int) -> list[np.ndarray]:
+    """Global batches. XE: local train indices of labelled images; SCST: positions in the labelled
+    list (the CIDEr references' order). A last SCST batch of one image is dropped (no negatives), and
+    under W processes a last batch of fewer than W images (a process would have none)."""
+    d, rng = r.data, np.random.default_rng([r.cfg.train.seed, STAGES.index(stage), epoch])
+    if stage == "xe":
+        order, bs, smallest = rng.permutation(d.labelled_images), r.cfg.xe.batch_size, r.rank.world
+    else:
+        order, bs = rng.permutation(len(d.labelled_images)), r.cfg.scst.batch_size
+        smallest = max(2, r.rank.world)
+    return [b for b in (order[i : i + bs] for i in range(0, len(order), bs)) if len(b) >= smallest]
 
 
-class CaptionRun:
-    """State of one run; ``fit`` runs the remaining epochs of both stages."""
+@dataclass
+class XEEpoch:
+    """What an XE epoch fixes before its steps: the captions each image trains on, and the scheduled-
+    sampling probability."""
 
-    def __init__(self, cfg: CaptionConfig, run_dir: Path, *, resume: bool, data: CaptionData | None,
-                 show_progress: bool):
-        self.rank = distributed.current()
-        self.cfg, self.run_dir, self.show = cfg, run_dir, show_progress and self.rank.main
-        self.device = default_device(cfg.train.device)
-        if cfg.train.num_threads:
-            torch.set_num_threads(cfg.train.num_threads)
-        self.ckpt_path, self.best_path = run_dir / "checkpoint.pt", run_dir / "best.pt"
-        if self.ckpt_path.exists() and not resume:
-            raise UserFileExists(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
-        ckpt = ckpt_io.load_caption_checkpoint(self.ckpt_path) if resume and self.ckpt_path.exists() else None
-        init = ckpt_io.load_caption_checkpoint(cfg.train.init_from) if cfg.train.init_from and ckpt is None else None
-        source = ckpt or init
-        vocab = CaptionVocab.from_dict(source["vocab"]) if source else None
-        self.data = data or prepare_captioning(cfg, vocab=vocab, show_progress=self.show, device=str(self.device))
-        if source is not None and source.get("labelled") != np.flatnonzero(self.data.labelled).tolist():
-            raise ConfigError("the checkpoint was trained on another labelled subset (data.labelled_fraction or "
-                              "train.seed differ)")
-        torch.manual_seed(cfg.train.seed)
-        v = self.data.vocab
-        self.model = build_captioner(len(v), FEAT_CHANNELS, cfg.model, v.pad_id, v.bos_id).to(self.device)
-        self.sp = specials(v)
-        self.judge = self._load_judge()
-        self.stage, self.epoch, self.step_in_epoch, self.global_step = "xe", 0, 0, 0
-        self.best = {"cider": -1.0, "epoch": -1}
-        if cfg.xe.epochs == 0 or init is not None:
-            self.stage = "scst"
-        self.optimizer = self._optimizer(self.stage)
-        if init is not None:
-            self.model.load_state_dict(init["model"])
-            log.info("SCST starts from %s", cfg.train.init_from)
-        if ckpt is not None:
-            self.model.load_state_dict(ckpt["model"])
-            self.stage, self.epoch, self.step_in_epoch = ckpt["stage"], ckpt["epoch"], ckpt["step_in_epoch"]
-            self.global_step, self.best = ckpt["step"], ckpt["best"]
-            self.optimizer = self._optimizer(self.stage)
-            self.optimizer.load_state_dict(ckpt["optimizer"])
-            log.info("resumed %s at stage %s epoch %d step %d", run_dir, self.stage, self.epoch, self.global_step)
-        distributed.check_same_step(self.global_step)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if self.rank.main:
-            dump_config(cfg, run_dir / "config.yaml")
-        self.mlog = MetricsLog(run_dir / "metrics.jsonl" if self.rank.main else None,
-                               resume_step=self.global_step if ckpt is not None else None)
-        self.fresh = ckpt is None
-        self.reward = SelfRetrievalReward(self.data.train_cider, self.judge, eos_id=v.eos_id,
-                                          cider_weight=cfg.scst.cider_weight,
-                                          alpha=cfg.scst.alpha if cfg.needs_judge else 0.0,  # e.g. XE only: no judge
-                                          loss=cfg.scst.retrieval_loss, margin=cfg.scst.margin, tau=cfg.scst.tau,
-                                          cider_eos=cfg.scst.cider_eos)
-        self.sampler, self.pool_rows = None, np.zeros(0, dtype=np.int64)
-
-    # ---- set-up -------------------------------------------------------------------------------
-    def _load_judge(self) -> Judge | None:
-        path = self.cfg.train.retrieval
-        if not path:
-            return None
-        return load_judge(path, self.data.dataset, self.data.vocab.words, cache_dir=self.cfg.data.cache_dir,
-                          device=str(self.device), show_progress=self.show)
-
-    def _optimizer(self, stage: str) -> torch.optim.Optimizer:
-        lr = self.cfg.xe.lr if stage == "xe" else self.cfg.scst.lr
-        return torch.optim.Adam(self.model.parameters(), lr=lr)
-
-    def _negatives(self) -> None:
-        """SR-PL: rank the unlabelled pool for every labelled caption once (the judge is frozen)."""
-        d, s = self.data, self.cfg.scst
-        if not self.cfg.uses_unlabelled or self.sampler is not None:
-            return
-        pool_local = np.flatnonzero(~d.labelled)
-        self.pool_rows = d.train_rows[pool_local]
-        per_image = d.train.image_to_captions
-        caps = [c for i in d.labelled_images for c in per_image[i]]
-        cap_img = np.concatenate([np.full(len(per_image[i]), j) for j, i in enumerate(d.labelled_images)])
-        ranked = None
-        if s.negatives != "random":
-            emb = self.judge.model.embed_texts([d.train.captions[c].raw for c in caps])
-            ranked = unlabelled_ranks(self.judge, emb, self.pool_rows, s.h_max)
-        self.sampler = NegativeSampler(ranked, cap_img, len(pool_local), mode=s.negatives, h_min=s.h_min, h_max=s.h_max)
-        log.info("SR-PL: %d labelled, %d unlabelled images; negatives %s [%d, %d]", len(d.labelled_images),
-                 len(pool_local), s.negatives, s.h_min, s.h_max)
-
-    # ---- steps --------------------------------------------------------------------------------
-    def _xe_step(self, images: np.ndarray, caps: np.ndarray, ss: float, gen: torch.Generator) -> dict:
-        """``images``, ``caps``: the global batch (this process trains on its share)."""
-        d, shard = self.data, self.rank.shard(len(images))
-        images, caps = images[shard.rows], caps[shard.rows]
-        reg = regions(d.grid, d.train_rows[images]).to(self.device)
-        targets = d.targets[caps.reshape(-1)].to(self.device)
-        loss = xe_loss(self.model, reg, targets, caps.shape[1], ss, gen)
-        if shard.world > 1:  # a mean over tokens: each process's weighs its share of them
-            loss = distributed.mean_over_ranks(loss, shard, distributed.share_of((targets != d.vocab.pad_id).sum()))
-        self._step(loss, self.cfg.xe.grad_clip)
-        return {"loss": float(loss.detach()), "ss_prob": ss}
-
-    def _step(self, loss: torch.Tensor, clip: float) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        distributed.average_gradients(self.model.parameters())
-        _clip(self.model.parameters(), clip)
-        self.optimizer.step()
-
-    def _scst_step(self, lab: np.ndarray, rng: np.random.Generator, gen: torch.Generator) -> dict:
-        """``lab``: the global batch (positions in the labelled list); this process samples and rewards
-        its share's captions against the candidates of the whole batch. ``rng`` draws the same on every
-        process (negatives, distractors), ``gen`` this process's samples."""
-        d, s = self.data, self.cfg.scst
-        shard = self.rank.shard(len(lab))
-        mine = np.zeros(len(lab), dtype=bool)
-        mine[shard.rows] = True
-        rows_all, refs = d.train_rows[d.labelled_images[lab]], lab[mine].astype(np.int64)
-        if self.sampler is not None:
-            neg = self.sampler.sample(lab, rng)  # one unlabelled image per labelled one, for the global batch
-            rows_all = np.concatenate([rows_all, self.pool_rows[neg]])
-            refs = np.concatenate([refs, -np.ones(int(mine.sum()), np.int64)])  # unlabelled: no CIDEr
-            mine = np.concatenate([mine, mine])
-        rows = rows_all[mine]
-        # the judge's candidates beyond this process's images: the other processes' and the distractors
-        dis = self._distractors(rows_all, rng)
-        extra = rows_all[~mine] if dis is None else np.concatenate([rows_all[~mine], dis])
-        reg = regions(d.grid, rows).to(self.device)
-        n, L, k = len(rows), d.vocab.max_len, s.samples
-        greedy_ids = decode_regions(self.model, reg, d.vocab) if s.baseline == "greedy" else None
-        self.model.train()
-        ctx = self.model.encode(reg)
-        if k > 1:  # k block-major copies: block j holds sample j of every image (the reward's layout)
-            ctx = ctx.index(torch.arange(n, device=self.device).repeat(k))
-        ids, lp, mask = sample(lambda w, st: self.model.step(w, ctx, st), self.model.init_state(n * k), n * k, L,
-                               self.sp, temperature=s.temperature, generator=gen)
-        ids = ids.cpu()
-        terms = self.reward(ids if greedy_ids is None else torch.cat([ids, greedy_ids]), rows, refs,
-                            extra if len(extra) else None)
-        r_s = terms.total[: n * k].to(self.device)
-        r_b = terms.total[n * k:].repeat(k).to(self.device) if greedy_ids is not None else mean_of_others(r_s, k)
-        loss = scst_loss(lp, mask, r_s, r_b)
-        if shard.world > 1:  # a mean over the sampled tokens: each process's weighs its share of them
-            loss = distributed.mean_over_ranks(loss, shard, distributed.share_of(mask.sum()))
-        self._step(loss, s.grad_clip)
-        lab_m = torch.from_numpy(np.tile(refs >= 0, k))
-        row = {"loss": float(loss.detach()), "reward": float(r_s.mean()), "baseline": float(r_b.mean()),
-               "cider": float(terms.cider[: n * k][lab_m].mean()), "r_ret": float(terms.r_ret[: n * k].mean()),
-               "sample_len": float(sequence_lengths(ids, d.vocab.eos_id).float().mean())}
-        if greedy_ids is not None:
-            row.update(cider_greedy=float(terms.cider[n * k:][lab_m[:n]].mean()),
-                       r_ret_greedy=float(terms.r_ret[n * k:].mean()))
-        if shard.world > 1:  # the processes' means (the loss is the global one already)
-            means = distributed.mean_of_scalars({k: torch.tensor(v) for k, v in row.items() if k != "loss"}, shard)
-            row.update({k: float(v) for k, v in means.items()})
-        return row
-
-    def _distractors(self, rows: np.ndarray, rng: np.random.Generator) -> np.ndarray | None:
-        """``scst.distractors`` training images outside the batch, drawn per step, that only enlarge the
-        judge's candidate pool (none without a retrieval reward; labelled images only unless SR-PL uses
-        the unlabelled pool)."""
-        n, d = self.cfg.scst.distractors, self.data
-        if not n or not self.reward.uses_judge:
-            return None
-        # scst.negatives=none keeps the unlabelled images out of SCST entirely, distractors included
-        pool = d.train_rows if self.cfg.uses_unlabelled else d.train_rows[d.labelled_images]
-        others = np.setdiff1d(pool, rows)
-        return rng.choice(others, size=min(n, len(others)), replace=False)
-
-    # ---- epochs -------------------------------------------------------------------------------
-    def _batches(self, stage: str, epoch: int) -> list[np.ndarray]:
-        """Global batches. XE: local train indices of labelled images; SCST: positions in the labelled
-        list (the CIDEr references' order). A last SCST batch of one image is dropped (no negatives), and
-        under W processes a last batch of fewer than W images (a process would have none)."""
-        d, rng = self.data, np.random.default_rng([self.cfg.train.seed, STAGES.index(stage), epoch])
-        if stage == "xe":
-            order, bs, smallest = rng.permutation(d.labelled_images), self.cfg.xe.batch_size, self.rank.world
-        else:
-            order, bs = rng.permutation(len(d.labelled_images)), self.cfg.scst.batch_size
-            smallest = max(2, self.rank.world)
-        return [b for b in (order[i : i + bs] for i in range(0, len(order), bs)) if len(b) >= smallest]
-
-    def _epoch(self, stage: str, epoch: int, n_epochs: int) -> None:
-        cfg, d = self.cfg, self.data
-        batches = self._batches(stage, epoch)
-        if stage == "xe":
-            for g in self.optimizer.param_groups:
-                g["lr"] = cfg.xe.lr * cfg.xe.lr_decay ** (epoch // cfg.xe.lr_decay_every)
-            ss = feedback_probability(epoch, cfg.xe.ss_every, cfg.xe.ss_step, cfg.xe.ss_max)
-            caps = epoch_captions(d.train.image_to_captions, np.concatenate(batches) if batches else np.zeros(0, int),
-                                  cfg.xe.captions_per_image, np.random.default_rng([cfg.train.seed, 0, epoch, 1]))
-            offsets = np.cumsum([0] + [len(b) for b in batches])
-        else:
-            self._negatives()
-        t0 = time.time()
-        bar = tqdm(total=len(batches), initial=self.step_in_epoch, desc=f"{stage} epoch {epoch + 1}/{n_epochs}",
-                   unit="step", disable=not self.show, leave=False)
-        for s in range(self.step_in_epoch, len(batches)):
-            seed = step_seed(cfg.train.seed, stage, epoch, s)
-            own = distributed.rank_seed(seed, self.rank.rank)  # samples and dropout: each process its own
-            gen = torch.Generator().manual_seed(own)
-            torch.manual_seed(own)  # dropout draws from the global generator
-            self.model.train()
-            if stage == "xe":
-                row = self._xe_step(batches[s], caps[offsets[s] : offsets[s + 1]], ss, gen)
-            else:
-                row = self._scst_step(batches[s], np.random.default_rng(seed), gen)
-            self.global_step += 1
-            if self.global_step % cfg.train.log_every == 0 or s == len(batches) - 1:
-                self.mlog.write(type="step", stage=stage, epoch=epoch + 1, step=self.global_step,
-                                lr=self.optimizer.param_groups[0]["lr"], **row)
-            every = cfg.train.checkpoint_every
-            if every and self.global_step % every == 0 and s < len(batches) - 1:
-                self.save(self.ckpt_path, stage, epoch, s + 1)
-            bar.update(1)
-            bar.set_postfix({k: f"{row[k]:.3f}" for k in ("loss", "cider", "r_ret") if k in row})
-        bar.close()
-        self.step_in_epoch = 0
-        self.mlog.write(type="epoch", stage=stage, epoch=epoch + 1, step=self.global_step, seconds=time.time() - t0)
-
-    @torch.no_grad()
-    def validate(self, stage: str, epoch: int) -> dict:
-        """Greedy captions of the val images: CIDEr-D (×100; the captioner's ids are a prefix of the
-        CIDEr word ids, so no text round trip), unique captions, and self-retrieval R@1 among the val
-        images when a judge is loaded. Rank 0 alone validates; the other processes get its CIDEr-D."""
-        if not self.rank.main:
-            return {"cider": distributed.broadcast_float(0.0)}
-        d = self.data
-        rows = d.val_rows[: self.cfg.train.val_max_images or None]
-        ids = torch.cat([decode_regions(self.model, regions(d.grid, rows[i : i + 100]), d.vocab)
-                         for i in range(0, len(rows), 100)])
-        lengths = sequence_lengths(ids, d.vocab.eos_id)
-        res = {"cider": float(d.val_cider.score(ids.numpy(), np.arange(len(rows)), lengths.numpy()).mean() * 100)}
-        if self.judge is not None:
-            sims = self.judge.similarities(self.judge.embed_ids(ids, lengths), torch.as_tensor(rows))
-            own = sims.diagonal()
-            res["self_R@1"] = float(100 * ((sims > own[:, None]).sum(1) == 0).float().mean())
-        res["unique"] = float(100 * len(set(d.vocab.decode_batch(ids))) / max(1, len(rows)))
-        self.mlog.write(type="val", stage=stage, epoch=epoch, step=self.global_step, **res)
-        distributed.broadcast_float(res["cider"])  # what the other processes choose the best epoch by
-        return res
-
-    def save(self, path: Path, stage: str, epoch: int, step_in_epoch: int, resumable: bool = True) -> None:
-        """``path`` (whole or absent), written by rank 0: every process holds the same state."""
-        if not self.rank.main:
-            return
-        d = self.data
-        judge = {"path": self.cfg.train.retrieval, "sha256": sha256_file(self.cfg.train.retrieval)[:16]} \
-            if self.cfg.train.retrieval else None
-        ckpt_io.save_caption_checkpoint(path, {
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict() if resumable else None,
-            "stage": stage, "epoch": epoch, "step_in_epoch": step_in_epoch, "step": self.global_step,
-            "config": self.cfg.to_dict(), "vocab": d.vocab.to_dict(), "feat_dim": 1280,
-            "feature_key": d.feature_key, "labelled": np.flatnonzero(d.labelled).tolist(), "best": dict(self.best),
-            "judge": judge, "versions": versions(), "torch_rng": torch.get_rng_state(),
-            "dataset": {"name": d.dataset.name, "json": str(d.dataset.json_path)}})
-
-    def _xe_converged(self, epochs_done: int) -> bool:
-        """Early stopping on val: ``xe.patience`` epochs in a row without a new best val CIDEr-D (the
-        decision is a function of the checkpointed ``best``, so a resumed run makes the same one)."""
-        patience = self.cfg.xe.patience
-        if not patience or self.best.get("stage") != "xe" or epochs_done - self.best["epoch"] < patience:
-            return False
-        log.info("XE converged: no val CIDEr-D gain in %d epochs since epoch %d (%.1f)", patience,
-                 self.best["epoch"], self.best["cider"])
-        self.mlog.write(type="early_stop", stage="xe", epoch=epochs_done, step=self.global_step,
-                        best_epoch=self.best["epoch"], best_cider=self.best["cider"])
-        return True
-
-    def _from_best_xe(self) -> None:
-        """With early stopping, SCST starts from the best XE epoch (what ``train.init_from=XE/best.pt``
-        does for a separate run), not from the epochs past it. Data parallel: rank 0 writes best.pt, so
-        every process waits for it (the broadcast) before reading it."""
-        if not (self.cfg.xe.patience and self.best.get("stage") == "xe"):
-            return
-        distributed.broadcast_float(0.0)  # a barrier: rank 0 has finished writing best.pt
-        if self.best_path.exists():
-            self.model.load_state_dict(ckpt_io.load_caption_checkpoint(self.best_path)["model"])
-            log.info("SCST starts from the best XE epoch (%d, val CIDEr-D %.1f)", self.best["epoch"], self.best["cider"])
-
-    def fit(self) -> None:
-        cfg = self.cfg
-        if self.fresh:
-            r0 = self.validate(self.stage, 0)
-            log.info("val CIDEr-D before training%s: %.1f", " (from train.init_from)" if self.cfg.train.init_from else "",
-                     r0["cider"])
-        plan = [("xe", cfg.xe.epochs), ("scst", cfg.scst.epochs)]
-        for stage, n_epochs in plan[STAGES.index(self.stage):]:
-            if stage != self.stage:  # XE finished: SCST starts with its own optimiser and learning rate
-                self.stage, self.epoch, self.step_in_epoch = stage, 0, 0
-                self._from_best_xe()
-                self.optimizer = self._optimizer(stage)
-            for epoch in range(self.epoch, n_epochs):
-                if stage == "xe" and self._xe_converged(epoch):
-                    break
-                self._epoch(stage, epoch, n_epochs)
-                res = self.validate(stage, epoch + 1)
-                if res["cider"] > self.best["cider"]:
-                    self.best = {"cider": res["cider"], "epoch": epoch + 1, "stage": stage}
-                    self.save(self.best_path, stage, epoch + 1, 0, resumable=False)
-                self.epoch = epoch + 1
-                self.save(self.ckpt_path, stage, epoch + 1, 0)
-                log.info("%s epoch %d/%d: val CIDEr-D %.1f%s", stage, epoch + 1, n_epochs, res["cider"],
-                         "".join(f", {k} {v:.1f}" for k, v in res.items() if k != "cider"))
-            self.epoch = n_epochs
+    captions: np.ndarray  # (images of the epoch's batches, captions_per_image), batch after batch
+    offsets: np.ndarray  # batch s's rows of ``captions``: offsets[s]:offsets[s + 1]
+    ss_prob: float
 
 
-def train_captioner(cfg: CaptionConfig, run_dir: str | Path, *, resume: bool = False, data: CaptionData | None = None,
-                    show_progress: bool = True) -> CaptionRunResult:
-    t0 = time.time()
-    run = CaptionRun(cfg, Path(run_dir), resume=resume, data=data, show_progress=show_progress)
-    run.fit()
-    return CaptionRunResult(Path(run_dir), run.best["cider"], run.best["epoch"], time.time() - t0)
+def start_xe_epoch(r: CaptionRun, epoch: int, batches: list[np.ndarray]) -> XEEpoch:
+    """The epoch's learning rate (× ``lr_decay`` every ``lr_decay_every`` epochs), feedback probability
+    and captions (drawn from a generator seeded by (seed, epoch))."""
+    cfg = r.cfg
+    for g in r.optimizer.param_groups:
+        g["lr"] = cfg.xe.lr * cfg.xe.lr_decay ** (epoch // cfg.xe.lr_decay_every)
+    ss = feedback_probability(epoch, cfg.xe.ss_every, cfg.xe.ss_step, cfg.xe.ss_max)
+    caps = epoch_captions(r.data.train.image_to_captions, np.concatenate(batches) if batches else np.zeros(0, int),
+                          cfg.xe.captions_per_image, np.random.default_rng([cfg.train.seed, 0, epoch, 1]))
+    return XEEpoch(caps, np.cumsum([0] + [len(b) for b in batches]), ss)
+
+
+def run_epoch(r: CaptionRun, epoch: int, n_epochs: int) -> None:
+    """The steps of one epoch of the current stage from ``r.at.step_in_epoch`` on. Logs every
+    ``log_every`` steps, checkpoints every ``checkpoint_every``."""
+    tc, stage = r.cfg.train, r.at.stage
+    batches = epoch_batches(r, stage, epoch)
+    xe = start_xe_epoch(r, epoch, batches) if stage == "xe" else None
+    if stage == "scst":
+        set_up_negatives(r)
+    bar = progress(len(batches), initial=r.at.step_in_epoch, desc=f"{stage} epoch {epoch + 1}/{n_epochs}",
+                   unit="step", disable=not r.show_progress, leave=False)
+    for s in range(r.at.step_in_epoch, len(batches)):
+        seed = step_seed(tc.seed, stage, epoch, s)
+        own = distributed.rank_seed(seed, r.rank.rank)  # samples and dropout: each process its own
+        gen = torch.Generator().manual_seed(own)
+        torch.manual_seed(own)  # dropout draws from the global generator
+        row = train_step(r, batches, s, xe, seed, gen)
+        r.at.step, r.at.step_in_epoch = r.at.step + 1, s + 1
+        if r.at.step % tc.log_every == 0 or s == len(batches) - 1:
+            r.mlog.write(type="step", stage=stage, epoch=epoch + 1, step=r.at.step,
+                         lr=r.optimizer.param_groups[0]["lr"], **row)
+        if tc.checkpoint_every and r.at.step % tc.checkpoint_every == 0 and s < len(batches) - 1:
+            save_run_checkpoint(r, r.run_dir / "checkpoint.pt")
+        bar.update(1)
+        bar.set_postfix(**{k: f"{row[k]:.3f}" for k in ("loss", "cider", "r_ret") if k in row})
+    bar.close()
+
+
+def train_step(r: CaptionRun, batches: list[np.ndarray], s: int, xe: XEEpoch | None, seed: int,
+               gen: torch.Generator) -> dict:
+    """Step ``s`` of the epoch in the current stage; returns its metrics row. ``gen`` (this process's)
+    draws the step's samples and swaps; SCST's shared draws come from a generator seeded by ``seed``."""
+    r.model.train()
+    if xe is not None:
+        return xe_step(r, batches[s], xe.captions[xe.offsets[s] : xe.offsets[s + 1]], xe.ss_prob, gen)
+    return scst_step(r, batches[s], np.random.default_rng(seed), gen)
+
+
+# ---- validation and checkpoints ------------------------------------------------------------------
+@torch.no_grad()
+def run_validation(r: CaptionRun, epoch: int) -> dict:
+    """Greedy captions of the val images: CIDEr-D (×100; the captioner's ids are a prefix of the
+    CIDEr word ids, so no text round trip), unique captions, and self-retrieval R@1 among the val
+    images when a judge is loaded; logged as a ``val`` line. Rank 0 alone validates; the other
+    processes get its CIDEr-D."""
+    if not r.rank.main:
+        return {"cider": distributed.broadcast_float(0.0)}
+    d = r.data
+    rows = d.val_rows[: r.cfg.train.val_max_images or None]
+    ids = torch.cat([decode_regions(r.model, regions(d.grid, rows[i : i + 100]), d.vocab)
+                     for i in range(0, len(rows), 100)])
+    lengths = sequence_lengths(ids, d.vocab.eos_id)
+    res = {"cider": float(d.val_cider.score(ids.numpy(), np.arange(len(rows)), lengths.numpy()).mean() * 100)}
+    if r.judge is not None:
+        sims = r.judge.similarities(r.judge.embed_ids(ids, lengths), torch.as_tensor(rows))
+        own = sims.diagonal()
+        res["self_R@1"] = float(100 * ((sims > own[:, None]).sum(1) == 0).float().mean())
+    res["unique"] = float(100 * len(set(d.vocab.decode_batch(ids))) / max(1, len(rows)))
+    r.mlog.write(type="val", stage=r.at.stage, epoch=epoch, step=r.at.step, **res)
+    distributed.broadcast_float(res["cider"])  # what the other processes choose the best epoch by
+    return res
+
+
+def save_run_checkpoint(r: CaptionRun, path: Path, resumable: bool = True) -> None:
+    """``path`` at the current position (whole or absent), written by rank 0: every process holds the
+    same state."""
+    if r.rank.main:
+        payload = ckpt_io.caption_checkpoint(r.cfg, r.data, r.model, r.at, r.optimizer if resumable else None)
+        ckpt_io.save_caption_checkpoint(path, payload)
