@@ -12,10 +12,17 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.routers.bodies import body_doc, json_body, media_type, unsupported, upload_form, validate
+from app.api.routers.bodies import (
+    EXPLAIN_UPLOAD_FORM,
+    body_doc,
+    json_body,
+    media_type,
+    unsupported,
+    upload_form,
+    validate,
+)
 from app.api.routers.deps import COMMON_ERRORS, errors, get_service, get_settings, image_url, json_model, thumbnail_url
 from app.api.schemas import (
-    EXPLAIN_UPLOAD_FORM,
     ExplainRequest,
     ExplainResponse,
     ItemId,
@@ -68,7 +75,7 @@ def explain(q: Annotated[ExplainQuery, Depends(explain_query)], svc: Service) ->
     or ``{"caption_id": 42, "models": [...]}`` (the caption's own image unless ``image_id`` says otherwise);
     or multipart/form-data with ``file``, ``models`` (repeated) and ``query`` or ``caption_id``. A query
     needs two to 64 words."""
-    ex = svc.explain(q.models, query=q.query, caption_id=q.caption_id, image_id=q.image_id, image_bytes=q.data)
+    ex = svc.explainer.explain(q.models, query=q.query, caption_id=q.caption_id, image_id=q.image_id, image_bytes=q.data)
     iid, first = ex.image_id, q.models[0]
     return json_model(ExplainResponse(
         text=ex.text, caption_id=ex.caption_id, image_id=iid, upload=ex.upload,
