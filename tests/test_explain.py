@@ -50,7 +50,7 @@ def test_nothing_or_too_much_to_occlude():
 def test_fewer_than_two_words_still_score_and_say_why(svc, query, note):
     image_id = int(svc.registry.entries["bl"].index.images.ids[0])
     ex = svc.explainer.explain(["bl", "ltd"], query=query, image_id=image_id)
-    for m in ex.models:
+    for m in ex.results:
         assert m.words == [] and note in m.note
         assert (m.score, m.rank) == pytest.approx(_api_score_rank(svc, m.model, image_id, query=query), abs=1e-5)
     assert len(ex.summary) == 1 and note in ex.summary[0]
@@ -72,7 +72,7 @@ def test_ranks_by_counting_equal_ranks_by_sorting():
 
 # ---- against the search API -----------------------------------------------------------------------
 def _check_against_search(svc, ex, image_id, full_query: dict):
-    for m in ex.models:
+    for m in ex.results:
         score, rank = _api_score_rank(svc, m.model, image_id, **full_query)
         assert m.score == pytest.approx(score, abs=1e-5) and m.rank == rank
         assert m.of == len(svc.registry.entries[m.model].index.images.ids)
@@ -86,8 +86,8 @@ def test_attributions_equal_two_search_calls_for_a_caption(svc):
     cap = svc.sample_captions("bl", 1, seed=5)[0]
     ex = svc.explainer.explain(["bl", "ltd"], caption_id=cap.id)
     assert ex.image_id == cap.image_id and ex.text == cap.text and not ex.upload
-    assert [m.model for m in ex.models] == ["bl", "ltd"]
-    assert [w.word for w in ex.models[0].words] == [w.text for w in split_words(cap.text)]
+    assert [m.model for m in ex.results] == ["bl", "ltd"]
+    assert [w.word for w in ex.results[0].words] == [w.text for w in split_words(cap.text)]
     _check_against_search(svc, ex, cap.image_id, {"caption_id": cap.id})
     assert ex.summary and all(s.endswith(".") for s in ex.summary)
 
@@ -99,7 +99,7 @@ def test_attributions_equal_two_search_calls_for_free_text_and_another_image(svc
     assert ex.caption_id is None and ex.image_id == image_id
     _check_against_search(svc, ex, image_id, {"query": "a big red circle on a striped background"})
     # some word must matter somewhere: the check above is not comparing zeros with zeros
-    assert any(abs(w.delta_score) > 1e-4 for m in ex.models for w in m.words)
+    assert any(abs(w.delta_score) > 1e-4 for m in ex.results for w in m.words)
 
 
 def test_batched_encoding_equals_one_by_one(svc):
@@ -115,7 +115,7 @@ def test_an_upload_is_ranked_as_one_more_image(svc, tiny_index_pair):
     path = e.index.images.meta["paths"][0]
     data = open(path, "rb").read()
     ex = svc.explainer.explain(["bl"], query="a blue square on a white background", image_bytes=data)
-    m = ex.models[0]
+    m = ex.results[0]
     assert ex.upload and ex.image_id is None and m.of == len(e.index.images.ids) + 1
     vec = svc.encode_image_bytes("bl", data)
     q = svc.encode_text("bl", "a blue square on a white background")

@@ -42,7 +42,7 @@ def test_explain_a_caption(client, ids):
     want = client.svc.explainer.explain(["bl", "ltd"], caption_id=ids["caption"])
     assert body["text"] == want.text and body["caption_id"] == ids["caption"] and body["image_id"] == want.image_id
     assert body["thumbnail_url"].startswith(f"/api/images/{want.image_id}/thumbnail?")
-    for got, m in zip(body["results"], want.models):
+    for got, m in zip(body["results"], want.results):
         assert got["model"] == m.model and got["rank"] == m.rank and got["of"] == m.of
         assert [w["word"] for w in got["words"]] == [w.word for w in m.words]
         assert [w["delta_rank"] for w in got["words"]] == [w.delta_rank for w in m.words]

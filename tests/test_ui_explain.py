@@ -52,7 +52,7 @@ def test_attribution_panel_shades_every_word_per_model(svc, caption):
     assert shown == caption.image_id and htmllib.escape("the caption's own image") in html
     rows = html.split('<div class="ltd-attr-row">')[1:]
     assert len(rows) == 2 and ">bl<" in rows[0] and ">ltd<" in rows[1]
-    for row, m in zip(rows, exp.models):
+    for row, m in zip(rows, exp.results):
         deltas = [float(x) for x in re.findall(r'data-delta-score="([-0-9.]+)"', row)]
         assert deltas == pytest.approx([w.delta_score for w in m.words], abs=1e-5)
         assert [int(x) for x in re.findall(r'data-delta-rank="(-?\d+)"', row)] == [w.delta_rank for w in m.words]

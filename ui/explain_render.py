@@ -69,10 +69,10 @@ def words_row_html(m: ModelAttribution, scale: float, index: int, kind: str = ""
 def attribution_html(ex: Explanation, thumbs: ThumbSrc, *, kinds: dict[str, str] | None = None,
                      why: str = "", upload_src: str = "") -> str:
     """The panel: the explained image, one shaded row per model (one colour scale for all), the sentences."""
-    scale = max((abs(w.delta_score) for m in ex.models for w in m.words), default=0.0)
-    rows = "".join(words_row_html(m, scale, i, (kinds or {}).get(m.model, "")) for i, m in enumerate(ex.models))
+    scale = max((abs(w.delta_score) for m in ex.results for w in m.words), default=0.0)
+    rows = "".join(words_row_html(m, scale, i, (kinds or {}).get(m.model, "")) for i, m in enumerate(ex.results))
     if ex.image_id is not None:
-        src = thumbs(ex.image_id, ex.models[0].model if ex.models else None, 160)
+        src = thumbs(ex.image_id, ex.results[0].model if ex.results else None, 160)
         img = f'<img class="ltd-attr-img" src="{esc(src)}" alt="image {ex.image_id}">'
         label = f"image #{ex.image_id}" + (f" · {esc(why)}" if why else "")
     else:
