@@ -104,7 +104,7 @@ class InProcess:
                             text_batching=args.batching == "on", text_quantize=args.quantize_text)
         apply_thread_settings(settings)
         self.svc, self.model, self.k, self.concurrency = settings.search_service(), model, k, args.concurrency
-        self.svc.load()
+        self.svc.registry.load()
 
     def one(self, q: str) -> float:
         t0 = time.perf_counter()
@@ -112,11 +112,11 @@ class InProcess:
         return (time.perf_counter() - t0) * 1000
 
     def sequential(self, queries: list[str]) -> dict:
-        self.svc.clear_text_cache()
+        self.svc.encoder.clear()
         return summary(np.array([self.one(q) for q in queries]), 1.0)
 
     def concurrent(self, queries: list[str]) -> dict:
-        self.svc.clear_text_cache()
+        self.svc.encoder.clear()
         t0 = time.perf_counter()
         with ThreadPoolExecutor(self.concurrency) as pool:
             lat = np.array(list(pool.map(self.one, queries)))

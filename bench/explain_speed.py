@@ -95,10 +95,10 @@ def split_usage(models: list[str]) -> dict:
     from search.word_usage import compare_usage, occlude_split
 
     svc = SearchService({m.split("=", 1)[0]: m.split("=", 1)[1] for m in models})
-    svc.load()
+    svc.registry.load()
     try:
-        a, b = svc.names
-        ea, eb = svc.get(a), svc.get(b)
+        a, b = svc.registry.names
+        ea, eb = svc.registry.get(a), svc.registry.get(b)
         load0 = _machine.load1()
         t0, c0 = time.perf_counter(), time.process_time()
         ta = occlude_split(ea.index, svc.explainer.encode_variants(ea), show_progress=True)

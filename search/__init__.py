@@ -1,7 +1,11 @@
 """The search service: the domain layer that the REST API (``app/api``) and the UI (``ui``) both call.
 
+- ``service``: ``SearchService``, what the API and the UI call for retrieval; ``captioning``:
+  ``CaptionService`` beside it (captions of an image, scored by self-retrieval and CIDEr-D).
+- ``results``: what both return, as frozen dataclasses whose field names are the REST API's.
 - ``registry``: named models (checkpoint + index directory), loaded and verified once, in the
-  background if asked; a broken model is reported while the others serve.
+  background if asked; a broken model is reported while the others serve (``captioners``: the same
+  for captioners).
 - ``encoding``: query texts → embeddings (cleaning, an LRU cache, batching of concurrent queries,
   optional int8 encoder).
 - ``media``: uploads (type sniffing, decoding under a pixel budget) and thumbnails.
@@ -14,6 +18,7 @@
 Imports flow ``training ← indexer ← search ← app``; nothing here knows about HTTP or Gradio.
 """
 from indexer.metrics import REPORT_KEYS
+from search.captioning import CaptionService
 from search.embedmap import EmbeddingMap
 from search.errors import (
            BadRequest,
@@ -26,10 +31,29 @@ from search.errors import (
            redact_paths,
 )
 from search.explain import Explanation, ModelAttribution, WordAttribution
-from search.ranking import CompareResult, Hit, SearchResult
+from search.results import (
+           CaptionCheck,
+           CaptionerInfo,
+           CaptionersStatus,
+           CaptionResult,
+           CompareResult,
+           CutoffMetrics,
+           DatasetCaption,
+           GeneratedCaption,
+           Hit,
+           ImageRank,
+           ModelInfo,
+           QueryInfo,
+           QueryMetrics,
+           SearchResult,
+           ServiceHealth,
+)
 from search.service import SearchConfig, SearchService
 from search.word_usage import WordStat, WordUsage
 
-__all__ = ["REPORT_KEYS", "BadRequest", "Busy", "CompareResult", "EmbeddingMap", "Explanation", "Hit",
-           "ModelAttribution", "NotFound", "NotReady", "SearchConfig", "SearchError", "SearchResult", "SearchService",
-           "Unsupported", "UnsupportedMediaType", "WordAttribution", "WordStat", "WordUsage", "redact_paths"]
+__all__ = ["REPORT_KEYS", "BadRequest", "Busy", "CaptionCheck", "CaptionResult", "CaptionService", "CaptionerInfo",
+           "CaptionersStatus", "CompareResult", "CutoffMetrics", "DatasetCaption", "EmbeddingMap", "Explanation",
+           "GeneratedCaption", "Hit", "ImageRank", "ModelAttribution", "ModelInfo", "NotFound", "NotReady",
+           "QueryInfo", "QueryMetrics", "SearchConfig", "SearchError", "SearchResult", "SearchService",
+           "ServiceHealth", "Unsupported", "UnsupportedMediaType", "WordAttribution", "WordStat", "WordUsage",
+           "redact_paths"]

@@ -1,8 +1,9 @@
-"""Captions in the search service: what each served captioner says about an image, and how well that
-caption — or one a person wrote — finds its own image under each served retrieval model.
+"""Captions beside retrieval: what each served captioner says about an image, and how well that caption
+— or one a person wrote — finds its own image under each served retrieval model.
 
-- ``CaptionerRegistry``: captioner checkpoints by name (``ltd serve --captioner NAME=CKPT``), loaded
-  through the project's one safe checkpoint loader; a broken one is reported, the others serve.
+- ``CaptionService``: the object the REST routers (``/api/caption*``) and the UI's Caption tab call.
+  Built on a ``SearchService``: its retrieval models rank the captions, its upload decoder and query
+  limits apply; the captioners (search/captioners.py) load in the models' loading thread.
 - ``image_rank``: the self-retrieval rank of an image for a caption embedding, among the images of a
   retrieval model's index (a dataset image by its own row; an upload as one more candidate).
 - ``CorpusCider``: CIDEr-D of a caption against a dataset image's reference captions, with document
@@ -10,92 +11,121 @@ caption — or one a person wrote — finds its own image under each served retr
 """
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass, field
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
 
-from search.errors import NotFound, NotReady, redact_paths
-from search.registry import ModelEntry, warm_up
-from training.fsio import sha256_file
+from search.captioners import CaptionerRegistry
+from search.errors import BadRequest, NotFound
+from search.registry import ModelEntry
+from search.results import CaptionCheck, CaptionResult, GeneratedCaption, ImageRank
+from search.service import SearchService
+from training.data.images import ImageError, load_image
 
-log = logging.getLogger(__name__)
-
-
-@dataclass
-class CaptionerEntry:
-    name: str
-    model: torch.nn.Module
-    vocab: object  # training.captioning.vocab.CaptionVocab
-    backbone: torch.nn.Module  # EfficientNet-Lite0 grid features at the captioner's input size
-    checkpoint: Path
-    sha256: str
-    info: dict = field(default_factory=dict)
-
-    @torch.inference_mode()
-    def caption(self, img: Image.Image, beam: int) -> str:
-        from training.captioning.inference import decode_regions
-        from training.models.backbones import grid_regions
-
-        x = self.backbone.preprocess(img, 1)[None]
-        ids = decode_regions(self.model, grid_regions(self.backbone.extract(x)), self.vocab, beam=beam)
-        return self.vocab.decode_batch(ids)[0]
+MAX_BEAM = 20
 
 
-class CaptionerRegistry:
-    def __init__(self, specs: dict[str, str | Path] | None = None, device: str = "cpu"):
-        self.specs = {n: Path(p) for n, p in (specs or {}).items()}
-        self.device = device
-        self.entries: dict[str, CaptionerEntry] = {}
-        self.failed: dict[str, str] = {}
-        self._backbones: dict[int, torch.nn.Module] = {}
+class CaptionService:
+    def __init__(self, search: SearchService, captioners: dict[str, str | Path] | None = None):
+        self.search = search
+        self.captioners = CaptionerRegistry(captioners, search.config.device)
+        self._ciders: dict[str, CorpusCider] = {}
+        if self.captioners.specs:
+            search.registry.load_with_models(self.captioners.load)
 
-    @property
-    def names(self) -> list[str]:
-        return list(self.specs)
+    def caption_image(self, *, image_id: int | None = None, image_bytes: bytes | None = None,
+                      captioners: list[str] | None = None, beam: int = 5) -> CaptionResult:
+        """Each captioner's caption of the image, with its CIDEr-D (dataset images) and how well it
+        finds the image again under each retrieval model (rank among the index's images)."""
+        if not 1 <= beam <= MAX_BEAM:
+            raise BadRequest(f"beam must be in [1, {MAX_BEAM}], got {beam}")
+        reg = self.captioners
+        names = list(dict.fromkeys(captioners or [n for n in reg.names if n in reg.entries]))
+        if not names:
+            raise NotFound("this server has no captioner: start it with --captioner NAME=CHECKPOINT")
+        entries = [reg.get(n) for n in names]
+        self.search.registry.get(None)  # retrieval models loaded (503 before)
+        img, iid = self._source_image(image_id, image_bytes, 2 * reg.min_side)
+        out = []
+        for c in entries:
+            t0 = time.perf_counter()
+            text = c.caption(img, beam)
+            ranks = self._ranks(text, img, iid, c.info.judge_sha256) if text.strip() else []  # none for ""
+            out.append(GeneratedCaption(captioner=c.name, caption=text, cider=self._cider(text, iid), retrieval=ranks,
+                                        info=c.info, took_ms=(time.perf_counter() - t0) * 1000))
+        return CaptionResult(image_id=iid, references=self._references(iid), captions=out)
 
-    def load(self) -> None:
-        for name, path in self.specs.items():
-            try:
-                self.entries[name] = self._load_one(name, path)
-                log.info("captioner %s ready: %s", name, path)
-            except Exception as e:  # a broken captioner must not take the retrieval models down
-                self.failed[name] = str(e) if isinstance(e, (ValueError, OSError)) else f"{type(e).__name__}: {e}"
-                log.error("captioner %s cannot be served: %s", name, self.failed[name])
+    def check_caption(self, caption: str, *, image_id: int | None = None,
+                      image_bytes: bytes | None = None) -> CaptionCheck:
+        """How discriminative a caption is: the image's rank for it under each retrieval model."""
+        reg = self.search.registry
+        reg.get(None)
+        caption = self.search.clean_query(caption)
+        min_side = max((2 * e.model.image.backbone.preprocess.resize for e in reg.entries.values()
+                        if e.model.image.backbone is not None), default=448)
+        img, iid = self._source_image(image_id, image_bytes, min_side)
+        return CaptionCheck(caption=caption, image_id=iid, cider=self._cider(caption, iid),
+                            retrieval=self._ranks(caption, img, iid))
 
-    def _load_one(self, name: str, path: Path) -> CaptionerEntry:
-        from training.captioning.checkpoint import captioner_from_checkpoint, load_caption_checkpoint
-        from training.models.backbones import EfficientNetLite0
+    def _source_image(self, image_id: int | None, image_bytes: bytes | None,
+                      min_side: int) -> tuple[Image.Image, int | None]:
+        """(PIL image, its dataset id or None) of a caption request."""
+        if (image_id is None) == (image_bytes is None):
+            raise BadRequest("give exactly one of: image_id, image file")
+        if image_bytes is not None:
+            return self.search.uploads.decode(image_bytes, min_side), None
+        try:
+            return load_image(self.search.image_path(image_id)), int(image_id)
+        except ImageError as e:
+            raise NotFound(f"image {image_id} cannot be read: {e}") from None
 
-        ckpt = load_caption_checkpoint(path)
-        model, vocab, cfg = captioner_from_checkpoint(ckpt, self.device)
-        size = cfg.data.image_size
-        if size not in self._backbones:
-            self._backbones[size] = EfficientNetLite0("grid", image_size=size).eval()
-            warm_up(self._backbones[size])  # before request threads: see registry.warm_up
-        stage = ckpt.get("stage")
-        judge = (ckpt.get("judge") or {}).get("sha256") if stage == "scst" else None
-        info = {"stage": stage, "alpha": cfg.scst.alpha if stage == "scst" else None,
-                "labelled_fraction": cfg.data.labelled_fraction, "judge_sha256": judge,
-                "epoch": ckpt.get("epoch"), "val": (ckpt.get("best") or {}).get("value")}
-        return CaptionerEntry(name, model, vocab, self._backbones[size], path.resolve(), sha256_file(path), info)
+    def _ranks(self, caption: str, img: Image.Image, image_id: int | None,
+               judge: str | None = None) -> list[ImageRank]:
+        """The image's rank for ``caption`` under every serving retrieval model, each flagged ``teacher``
+        (it is ``judge``, the sha256 prefix of the model the captioner was trained against) and
+        ``referee`` (no served captioner was trained against it: an independent view)."""
+        teachers = {c.info.judge_sha256 for c in self.captioners.entries.values()} - {None}
+        out = []
+        for e in self.search.registry.entries.values():
+            vec = self.search.encoder.encode(e, self.search.clean_query(caption))
+            row = e.image_pos.get(image_id) if image_id is not None else None
+            image_vec = None
+            if row is None:
+                if e.model.image.backbone is None:
+                    continue  # precomputed features: cannot embed an outside image
+                with torch.inference_mode():
+                    image_vec = e.model.image(e.model.image.prepare([img]).to(e.model.device)).float().cpu()[0].numpy()
+            rank, of, score = image_rank(e, vec, row=row, image_vec=image_vec)
+            out.append(ImageRank(model=e.name, rank=rank, of=of, score=score, in_index=row is not None,
+                                 teacher=bool(judge) and e.sha256.startswith(judge),
+                                 referee=not any(e.sha256.startswith(t) for t in teachers)))
+        return out
 
-    def get(self, name: str) -> CaptionerEntry:
-        if name not in self.specs:
-            raise NotFound(f"unknown captioner {name!r}; served captioners: {', '.join(self.names) or 'none'}")
-        if name in self.failed:
-            raise NotReady(f"captioner {name} is down: {redact_paths(self.failed[name])}")
-        if name not in self.entries:
-            raise NotReady("captioners are still loading")
-        return self.entries[name]
+    def _dataset_entry(self, image_id: int | None) -> ModelEntry | None:
+        """The first served index that has ``image_id`` with its ground truth (its reference captions)."""
+        if image_id is None:
+            return None
+        return next((e for e in self.search.registry.entries.values()
+                     if e.has_ground_truth and image_id in e.image_pos), None)
 
-    @property
-    def min_side(self) -> int:
-        """The largest input side any captioner needs (uploads decode at least at twice that)."""
-        return max((e.backbone.preprocess.resize for e in self.entries.values()), default=224)
+    def _cider(self, caption: str, image_id: int | None) -> float | None:
+        """CIDEr-D against the dataset image's references (the first ground-truth index that has it)."""
+        e = self._dataset_entry(image_id)
+        if e is None:
+            return None
+        if e.name not in self._ciders:
+            self._ciders[e.name] = CorpusCider(e)
+        return self._ciders[e.name].score(caption, e.image_pos[image_id])
+
+    def _references(self, image_id: int | None) -> list[str] | None:
+        e = self._dataset_entry(image_id)
+        if e is None:
+            return None
+        meta = e.index.captions.meta
+        return [meta["texts"][j] for j in e.index.images.meta["captions"][e.image_pos[image_id]]]
 
 
 def image_rank(entry: ModelEntry, caption_vec: np.ndarray, *, row: int | None = None,

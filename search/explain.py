@@ -128,7 +128,7 @@ class Explanation:
     caption_id: int | None
     image_id: int | None  # None for an upload
     upload: bool
-    models: list[ModelAttribution] = field(default_factory=list)
+    results: list[ModelAttribution] = field(default_factory=list)  # one per model, in the order asked
 
     @property
     def summary(self) -> list[str]:
@@ -184,8 +184,8 @@ def _effect(m: ModelAttribution, w: WordAttribution) -> str:
 def summary_sentences(ex: Explanation, limit: int = 2) -> list[str]:
     """Plain sentences about the words the models treat most differently, e.g. "Without *red*, bl ranks
     it the same; ltd drops it 40 places." (one model: its most important word)."""
-    ms = [m for m in ex.models if m.words]
-    notes = list(dict.fromkeys(m.note[0].upper() + m.note[1:] + "." for m in ex.models if m.note))
+    ms = [m for m in ex.results if m.words]
+    notes = list(dict.fromkeys(m.note[0].upper() + m.note[1:] + "." for m in ex.results if m.note))
     if len(ms) == 1 or (ms and any(len(m.words) != len(ms[0].words) for m in ms)):
         out = []
         for m in ms:

@@ -8,57 +8,13 @@ nDCG@k, and the report's fixed cut-offs P@5 / nDCG@25), computed over the whole 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from indexer.index import Modality
 from indexer.metrics import query_metrics
-
-
-@dataclass
-class Hit:
-    rank: int
-    id: int
-    score: float
-    text: str | None = None  # captions
-    filename: str | None = None  # images
-    image_id: int | None = None  # captions: the image it describes (dataset indexes)
-    ground_truth: bool | None = None
-    relevance: float | None = None
-
-
-@dataclass
-class SearchResult:
-    model: str
-    query: dict
-    hits: list[Hit]
-    ground_truth_ids: list[int] | None
-    metrics: dict | None  # first_gt_rank, p@k, ndcg@k (and p@5, ndcg@25) when ground truth is known
-    took_ms: float
-    direction: str = "t2i"
-
-    def to_dict(self) -> dict:
-        return {"model": self.model, "query": self.query, "took_ms": round(self.took_ms, 3),
-                "ground_truth_ids": self.ground_truth_ids, "metrics": self.metrics,
-                "results": [h.__dict__ for h in self.hits]}
-
-
-@dataclass
-class CompareResult:
-    direction: str  # t2i | i2t
-    k: int
-    results: list[SearchResult]
-    overlap_ids: list[int] = field(default_factory=list)  # ids both models retrieved
-
-    @property
-    def overlap(self) -> int:
-        return len(self.overlap_ids)
-
-    @property
-    def jaccard(self) -> float:
-        union = len({h.id for r in self.results for h in r.hits})
-        return self.overlap / union if union else 0.0
+from search.results import CompareResult, CutoffMetrics, Direction, Hit, QueryInfo, QueryMetrics, SearchResult
 
 
 @dataclass
@@ -66,15 +22,16 @@ class Query:
     """What to rank against: the embedding, and for dataset items their ground truth (rows)."""
 
     vector: np.ndarray
-    info: dict
+    info: QueryInfo
     ground_truth: list[int] | None = None  # rows of the searched side; None = unknown (free query)
     relevance: np.ndarray | None = None  # graded relevance of every row of the searched side
 
 
-def gt_metrics(gt: list[int], rel_row: np.ndarray | None, k: int, scores_all: np.ndarray) -> dict:
-    """Rank of the first ground-truth item, P@k and nDCG@k at the requested k (and at the report's
-    fixed cut-offs P@5 / nDCG@25). nDCG uses the graded relevance when given, binary ground truth
-    otherwise (``ndcg_relevance`` says which)."""
+def gt_metrics(gt: list[int], rel_row: np.ndarray | None, k: int,
+               scores_all: np.ndarray) -> tuple[QueryMetrics, CutoffMetrics]:
+    """Rank of the first ground-truth item, P@k and nDCG@k at the requested k, and P@5 / nDCG@25 at the
+    report's fixed cut-offs. nDCG uses the graded relevance when given, binary ground truth otherwise
+    (``ndcg_relevance`` says which)."""
     n = len(scores_all)
     pos = [np.asarray(gt, dtype=np.int64)]
     if rel_row is None:
@@ -88,15 +45,15 @@ def gt_metrics(gt: list[int], rel_row: np.ndarray | None, k: int, scores_all: np
         return query_metrics(scores_all[None, :], pos, relevance=rel[None, :], p_at=p_at, ndcg_k=ndcg_k)
 
     m = run(kk, kk)
-    out = {"first_gt_rank": int(m["first_rank"][0]), "k": kk, "p@k": float(m[f"p@{kk}"][0]),
-           "ndcg@k": float(m[f"ndcg@{kk}"][0]), "ndcg_relevance": kind}
+    at_k = QueryMetrics(first_gt_rank=int(m["first_rank"][0]), k=kk, precision_at_k=float(m[f"p@{kk}"][0]),
+                        ndcg_at_k=float(m[f"ndcg@{kk}"][0]), ndcg_relevance=kind)
     if (p5, n25) != (kk, kk):
         m = run(p5, n25)
-    out[f"p@{p5}"], out[f"ndcg@{n25}"] = float(m[f"p@{p5}"][0]), float(m[f"ndcg@{n25}"][0])
-    return out
+    return at_k, CutoffMetrics(p_at=p5, precision=float(m[f"p@{p5}"][0]), ndcg_at=n25, ndcg=float(m[f"ndcg@{n25}"][0]))
 
 
-def rank(model: str, side: Modality, query: Query, k: int, hit_fields, *, direction: str, t0: float) -> SearchResult:
+def rank(model: str, side: Modality, query: Query, k: int, hit_fields, *, direction: Direction,
+         t0: float) -> SearchResult:
     """Top-k rows of ``side`` for ``query``; ``hit_fields(row)`` gives each hit's descriptive fields."""
     scores, ids = side.index.search(query.vector[None, :], k)
     gt = query.ground_truth
@@ -106,13 +63,14 @@ def rank(model: str, side: Modality, query: Query, k: int, hit_fields, *, direct
                 ground_truth=(p in gt_set) if gt_set is not None else None,
                 relevance=None if rel is None else float(rel[p]), **hit_fields(p))
             for r, p in enumerate(int(i) for i in ids[0] if i >= 0)]
-    metrics = None
+    metrics = cutoffs = None
     if gt:
-        metrics = gt_metrics(gt, rel, k, np.asarray(side.vectors) @ query.vector)
+        metrics, cutoffs = gt_metrics(gt, rel, k, np.asarray(side.vectors) @ query.vector)
     gt_ids = [int(side.meta["ids"][g]) for g in gt] if gt else None
-    return SearchResult(model, query.info, hits, gt_ids, metrics, (time.perf_counter() - t0) * 1000, direction)
+    return SearchResult(model, direction, query.info, hits, gt_ids, metrics, cutoffs,
+                        (time.perf_counter() - t0) * 1000)
 
 
-def compare_results(direction: str, k: int, results: list[SearchResult]) -> CompareResult:
+def compare_results(direction: Direction, k: int, results: list[SearchResult]) -> CompareResult:
     a, b = ({h.id for h in r.hits} for r in results)
     return CompareResult(direction, k, results, sorted(a & b))

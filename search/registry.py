@@ -30,6 +30,7 @@ from indexer.index import (
     resolve_checkpoint,
 )
 from search.errors import NotFound, NotReady, redact_paths
+from search.results import ServiceHealth
 from training.errors import Unavailable, UserValueError
 from training.fsio import sha256_file
 from training.models.dual_encoder import DualEncoder
@@ -112,13 +113,13 @@ class ModelRegistry:
     """The served models by name; ``on_loaded(entry)`` runs once per model after it loads."""
 
     def __init__(self, models: dict[str, str | Path], *, checkpoints: dict[str, str | Path] | None = None,
-                 device: str = "cpu", verify: str = "hash", on_loaded: Callable[[ModelEntry], None] | None = None,
-                 before_load: Callable[[], None] | None = None):
+                 device: str = "cpu", verify: str = "hash", on_loaded: Callable[[ModelEntry], None] | None = None):
         if not models:
             raise UserValueError("no models given: pass at least one NAME=INDEX_DIR")
         self.specs = {n: Path(p) for n, p in models.items()}
         self.checkpoints = {n: Path(p) for n, p in (checkpoints or {}).items()}
-        self.device, self.verify, self.on_loaded, self.before_load = device, verify, on_loaded, before_load
+        self.device, self.verify, self.on_loaded = device, verify, on_loaded
+        self._first: list[Callable[[], None]] = []  # see load_with_models
         self.entries: dict[str, ModelEntry] = {}
         self.failed: dict[str, str] = {}  # name → why it could not be loaded
         self.ready = threading.Event()  # set when loading has finished (every model loaded or failed)
@@ -139,9 +140,20 @@ class ModelRegistry:
         if self.load_error:
             raise Unavailable(self.load_error)
 
+    def load_with_models(self, load: Callable[[], None]) -> None:
+        """Run ``load`` in the loading thread, before the models: what serves beside them (the
+        captioners) is then loaded, and its backbones warmed up, before any request thread runs, and
+        ``ready`` covers it. When the models have already loaded, ``load`` runs now (after a load in
+        progress has finished)."""
+        with self._lock:  # load() holds it while loading
+            if not self.ready.is_set():
+                self._first.append(load)
+                return
+        load()
+
     def _load_all(self) -> None:
-        if self.before_load is not None:  # what loads with the models (the captioners), in the same thread
-            self.before_load()
+        for load in self._first:
+            load()
         for name, path in self.specs.items():
             try:
                 entry = load_entry(name, path, checkpoint=self.checkpoints.get(name), device=self.device,
@@ -189,6 +201,12 @@ class ModelRegistry:
     def default_name_with_ground_truth(self) -> str:
         """The first serving model whose index is a dataset split (queries there have ground truth)."""
         return next((n for n, e in self.entries.items() if e.has_ground_truth), self.default_name)
+
+    def health(self) -> ServiceHealth:
+        """The loading state as clients see it: the reasons name files, never the server's folders."""
+        return ServiceHealth(status=self.status, models=self.names, loaded=[n for n in self.names if n in self.entries],
+                             down={n: redact_paths(why) for n, why in self.failed.items()},
+                             detail=self.load_error and redact_paths(self.load_error), loaded_at=self.loaded_at)
 
     def get(self, name: str | None) -> ModelEntry:
         if name is None:

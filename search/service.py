@@ -1,8 +1,12 @@
-"""``SearchService``: the one object the REST routers and the UI call.
+"""``SearchService``: the object the REST routers and the UI call for retrieval.
 
 It composes the registry (which models serve), the query encoder, the upload decoder, the
-thumbnail cache and the explorer, and turns requests into ranked results. Every method is safe to
-call from many threads at once; errors are ``search.errors`` types, never HTTP.
+thumbnail cache, the explorer and the explainer, and turns requests into typed results
+(search/results.py). Its parts are public and used directly (``service.registry.get(name)``,
+``service.registry.ready``, ``service.encoder.info()``, ``service.explainer.explain(...)``): the
+service adds what needs several of them, never a forward to one. Captions are a service of their own
+(``search.captioning.CaptionService``) built on this one. Every method is safe to call from many
+threads at once; errors are ``search.errors`` types, never HTTP.
 """
 from __future__ import annotations
 
@@ -15,15 +19,14 @@ from pydantic import Field, model_validator
 
 from indexer.vector_index import IndexDirError
 from search import analysis
-from search.captioning import CaptionerRegistry, CorpusCider, image_rank
 from search.encoding import QueryEncoder, clean_query
 from search.errors import BadRequest, NotFound
-from search.explain import Explanation
 from search.explainer import Explainer
 from search.files import servable_image
 from search.media import Thumbnails, UploadDecoder
-from search.ranking import CompareResult, Query, SearchResult, compare_results, rank
+from search.ranking import Query, compare_results, rank
 from search.registry import ModelEntry, ModelRegistry, public_manifest
+from search.results import CompareResult, DatasetCaption, ModelInfo, QueryInfo, SearchResult
 from training.choices import VerifyIndex
 from training.config_base import Section
 from training.packaged_models import saw_caption_corpora
@@ -64,113 +67,58 @@ class SearchConfig(Section):
 
 class SearchService:
     def __init__(self, models: dict[str, str | Path], *, checkpoints: dict[str, str | Path] | None = None,
-                 config: SearchConfig | None = None, captioners: dict[str, str | Path] | None = None):
+                 config: SearchConfig | None = None):
         self.config = config = config or SearchConfig()
         self.encoder = QueryEncoder(cache_size=config.text_cache, batching=config.text_batching,
                                     max_batch=config.max_text_batch, quantize=config.text_quantize)
-        self.captioners = CaptionerRegistry(captioners, config.device)
         self.registry = ModelRegistry(models, checkpoints=checkpoints, device=config.device,
-                                      verify=config.verify_index, on_loaded=self.encoder.attach,
-                                      before_load=self.captioners.load)
+                                      verify=config.verify_index, on_loaded=self.encoder.attach)
         self.uploads = UploadDecoder(max_pixels=config.max_upload_pixels, max_concurrent=config.max_concurrent_decodes)
         self.thumbnails = Thumbnails(config.thumb_cache)
         self.explorer_rows = analysis.Explorer()
-        self.explainer = Explainer(self.get, self.encoder, self.encode_image_bytes, self.clean_query)
-        self._ciders: dict[str, CorpusCider] = {}
-
-    # ---- state (from the registry) ------------------------------------------------------------
-    @property
-    def names(self) -> list[str]:
-        return self.registry.names
-
-    @property
-    def entries(self) -> dict[str, ModelEntry]:
-        return self.registry.entries
-
-    @property
-    def failed(self) -> dict[str, str]:
-        return self.registry.failed
-
-    @property
-    def ready(self):
-        return self.registry.ready
-
-    @property
-    def load_error(self) -> str | None:
-        return self.registry.load_error
-
-    @property
-    def loaded_at(self) -> float | None:
-        return self.registry.loaded_at
-
-    @property
-    def status(self) -> str:
-        return self.registry.status
-
-    @property
-    def default_name(self) -> str:
-        return self.registry.default_name
-
-    @property
-    def default_name_with_ground_truth(self) -> str:
-        return self.registry.default_name_with_ground_truth
-
-    def load(self) -> None:
-        self.registry.load()
-
-    def start_loading(self):
-        return self.registry.start_loading()
+        self.explainer = Explainer(self.registry.get, self.encoder, self.encode_image_bytes, self.clean_query)
 
     def close(self) -> None:
+        """Stop the query encoder's batching thread."""
         self.encoder.close()
 
-    def get(self, name: str | None) -> ModelEntry:
-        return self.registry.get(name)
-
     # ---- models and dataset items -------------------------------------------------------------
-    def model_info(self, name: str) -> dict:
-        e = self.get(name)
+    def model_info(self, name: str) -> ModelInfo:
+        e = self.registry.get(name)
         mf = public_manifest(e.index.path, e.index.manifest)
-        summary = {k: v for k, v in e.report.items() if k != "meta"} if e.report else None
-        return {"name": name, "dataset": (mf.get("dataset") or {}).get("name"),
-                "split": (mf.get("dataset") or {}).get("split"), "counts": mf.get("counts"),
-                "dim": mf.get("dim"), "factory": mf.get("factory"), "ground_truth": e.has_ground_truth,
-                "image_search": e.model.image.backbone is not None, "model": mf.get("model"),
-                "caption_corpora": saw_caption_corpora((mf.get("model") or {}).get("text_encoder"),
-                                                       (mf.get("model") or {}).get("loss")),
-                "eval": summary, "manifest": mf}
+        dataset, model = mf.get("dataset") or {}, mf.get("model") or {}
+        return ModelInfo(name=name, dataset=dataset.get("name"), split=dataset.get("split"), counts=mf.get("counts"),
+                         dim=mf.get("dim"), factory=mf.get("factory"), ground_truth=e.has_ground_truth,
+                         image_search=e.model.image.backbone is not None, model=mf.get("model"),
+                         caption_corpora=saw_caption_corpora(model.get("text_encoder"), model.get("loss")),
+                         eval={k: v for k, v in e.report.items() if k != "meta"} if e.report else None, manifest=mf)
 
-    def caption(self, name: str, caption_id: int) -> dict:
-        e = self.get(name)
+    def caption(self, name: str, caption_id: int) -> DatasetCaption:
+        e = self.registry.get(name)
         pos = e.caption_row(caption_id)
         meta = e.index.captions.meta
         img = meta["image"][pos]
-        return {"id": int(caption_id), "text": meta["texts"][pos],
-                "image_id": int(e.index.images.ids[img]) if img is not None and img >= 0 else None}
+        return DatasetCaption(id=int(caption_id), text=meta["texts"][pos],
+                              image_id=int(e.index.images.ids[img]) if img is not None and img >= 0 else None)
 
-    def sample_captions(self, name: str, n: int = 20, seed: int = 0) -> list[dict]:
-        ids = self.get(name).index.captions.ids
+    def sample_captions(self, name: str, n: int = 20, seed: int = 0) -> list[DatasetCaption]:
+        ids = self.registry.get(name).index.captions.ids
         pick = np.random.default_rng(seed).choice(len(ids), size=min(n, len(ids)), replace=False) if ids else []
         return [self.caption(name, ids[int(i)]) for i in pick]
 
     # ---- encoding -----------------------------------------------------------------------------
     def clean_query(self, text: str) -> str:
+        """``text`` with whitespace collapsed, within the service's query length (BadRequest otherwise)."""
         return clean_query(text, self.config.max_query_chars)
 
     def encode_text(self, name: str, text: str) -> np.ndarray:
-        return self.encoder.encode(self.get(name), self.clean_query(text))
+        return self.encoder.encode(self.registry.get(name), self.clean_query(text))
 
     def encode_image_bytes(self, name: str, data: bytes) -> np.ndarray:
-        e = self.get(name)
+        e = self.registry.get(name)
         x = self.uploads.tensor(e, data)
         with torch.inference_mode():
             return e.model.image(x.to(e.model.device)).float().cpu()[0].numpy()
-
-    def text_cache_info(self) -> dict:
-        return self.encoder.info()
-
-    def clear_text_cache(self) -> None:
-        self.encoder.clear()
 
     # ---- search -------------------------------------------------------------------------------
     def _check_k(self, k: int) -> int:
@@ -183,7 +131,7 @@ class SearchService:
             pos = e.caption_row(caption_id)
             meta = e.index.captions.meta
             model_text = (meta.get("model_texts") or meta["texts"])[pos]
-            q = Query(self.encoder.encode(e, model_text), {"caption_id": int(caption_id), "text": meta["texts"][pos]})
+            q = Query(self.encoder.encode(e, model_text), QueryInfo(text=meta["texts"][pos], caption_id=int(caption_id)))
             if e.has_ground_truth:
                 img = meta["image"][pos]
                 q.ground_truth = [img] if img is not None and img >= 0 else []
@@ -193,13 +141,13 @@ class SearchService:
         if query is None:
             raise BadRequest("give a query text or a caption_id")
         text = self.clean_query(query)
-        return Query(self.encoder.encode(e, text), {"text": text})
+        return Query(self.encoder.encode(e, text), QueryInfo(text=text))
 
     def _image_query(self, e: ModelEntry, image_id: int | None, image_bytes: bytes | None) -> Query:
         if image_id is not None:
             pos = e.image_row(image_id)
             q = Query(np.asarray(e.index.images.vectors[pos]),
-                      {"image_id": int(image_id), "filename": e.index.images.meta["filenames"][pos]})
+                      QueryInfo(image_id=int(image_id), filename=e.index.images.meta["filenames"][pos]))
             if e.has_ground_truth:
                 q.ground_truth = list(e.index.images.meta["captions"][pos])
                 rel = e.relevance()
@@ -207,14 +155,14 @@ class SearchService:
             return q
         if image_bytes is None:
             raise BadRequest("give an image file or an image_id")
-        return Query(self.encode_image_bytes(e.name, image_bytes), {"upload": True})
+        return Query(self.encode_image_bytes(e.name, image_bytes), QueryInfo(upload=True))
 
     def search_text(self, name: str, *, query: str | None = None, caption_id: int | None = None,
                     k: int = 10) -> SearchResult:
         """Text → images. With ``caption_id`` the query is that dataset caption, and its ground truth
         (its image) and ROUGE-L relevance are attached."""
         t0 = time.perf_counter()
-        e, k = self.get(name), self._check_k(k)
+        e, k = self.registry.get(name), self._check_k(k)
         meta = e.index.images.meta
         return rank(name, e.index.images, self._text_query(e, query, caption_id), k,
                     lambda p: {"filename": meta["filenames"][p]}, direction="t2i", t0=t0)
@@ -223,7 +171,7 @@ class SearchService:
                      k: int = 10) -> SearchResult:
         """Image → captions. With ``image_id`` (a dataset image) ground truth and relevance are attached."""
         t0 = time.perf_counter()
-        e, k = self.get(name), self._check_k(k)
+        e, k = self.registry.get(name), self._check_k(k)
         meta, img_ids = e.index.captions.meta, e.index.images.ids
 
         def fields(p: int) -> dict:
@@ -239,7 +187,7 @@ class SearchService:
         if len(names) != 2 or names[0] == names[1]:
             raise BadRequest("compare needs two different model names")
         for n in names:
-            self.get(n)
+            self.registry.get(n)
         if sum(x is not None for x in (query, caption_id, image_id, image_bytes)) != 1:
             raise BadRequest("give exactly one of: query, caption_id, image_id, image file")
         if query is not None or caption_id is not None:
@@ -248,101 +196,11 @@ class SearchService:
         return compare_results("i2t", k, [self.search_image(n, image_id=image_id, image_bytes=image_bytes, k=k)
                                           for n in names])
 
-    def explain(self, names: list[str], *, query: str | None = None, caption_id: int | None = None,
-                image_id: int | None = None, image_bytes: bytes | None = None) -> Explanation:
-        """Which words of a query hold an image up, per model (occlusion; search/explain.py)."""
-        return self.explainer.explain(names, query=query, caption_id=caption_id, image_id=image_id,
-                                      image_bytes=image_bytes)
-
-    # ---- captions -----------------------------------------------------------------------------
-    def _source_image(self, image_id: int | None, image_bytes: bytes | None, min_side: int):
-        """(PIL image, its dataset id or None) of a caption request."""
-        if (image_id is None) == (image_bytes is None):
-            raise BadRequest("give exactly one of: image_id, image file")
-        if image_bytes is not None:
-            return self.uploads.decode(image_bytes, min_side), None
-        from training.data.images import ImageError, load_image
-
-        try:
-            return load_image(self.image_path(image_id)), int(image_id)
-        except ImageError as e:
-            raise NotFound(f"image {image_id} cannot be read: {e}") from None
-
-    def _ranks(self, caption: str, img, image_id: int | None, judge: str | None = None) -> list[dict]:
-        """The image's rank for ``caption`` under every serving retrieval model, each flagged ``teacher``
-        (it is ``judge``, the sha256 prefix of the model the captioner was trained against) and
-        ``referee`` (no served captioner was trained against it: an independent view)."""
-        teachers = {c.info.get("judge_sha256") for c in self.captioners.entries.values()} - {None}
-        out = []
-        for e in self.entries.values():
-            vec = self.encoder.encode(e, self.clean_query(caption))
-            row = e.image_pos.get(image_id) if image_id is not None else None
-            image_vec = None
-            if row is None:
-                if e.model.image.backbone is None:
-                    continue  # precomputed features: cannot embed an outside image
-                with torch.inference_mode():
-                    image_vec = e.model.image(e.model.image.prepare([img]).to(e.model.device)).float().cpu()[0].numpy()
-            rank, of, score = image_rank(e, vec, row=row, image_vec=image_vec)
-            out.append({"model": e.name, "rank": rank, "of": of, "score": score, "in_index": row is not None,
-                        "teacher": bool(judge) and e.sha256.startswith(judge),
-                        "referee": not any(e.sha256.startswith(t) for t in teachers)})
-        return out
-
-    def _cider(self, caption: str, image_id: int | None) -> float | None:
-        """CIDEr-D against the dataset image's references (the first ground-truth index that has it)."""
-        e = next((e for e in self.entries.values() if e.has_ground_truth and image_id in e.image_pos), None)
-        if image_id is None or e is None:
-            return None
-        if e.name not in self._ciders:
-            self._ciders[e.name] = CorpusCider(e)
-        return self._ciders[e.name].score(caption, e.image_pos[image_id])
-
-    def caption_image(self, *, image_id: int | None = None, image_bytes: bytes | None = None,
-                      captioners: list[str] | None = None, beam: int = 5) -> dict:
-        """Each captioner's caption of the image, with its CIDEr-D (dataset images) and how well it
-        finds the image again under each retrieval model (rank among the index's images)."""
-        if not 1 <= beam <= 20:
-            raise BadRequest(f"beam must be in [1, 20], got {beam}")
-        names = list(dict.fromkeys(captioners or [n for n in self.captioners.names if n in self.captioners.entries]))
-        if not names:
-            raise NotFound("this server has no captioner: start it with --captioner NAME=CHECKPOINT")
-        entries = [self.captioners.get(n) for n in names]
-        self.get(None)  # retrieval models loaded (503 before)
-        img, iid = self._source_image(image_id, image_bytes, 2 * self.captioners.min_side)
-        out = []
-        for c in entries:
-            t0 = time.perf_counter()
-            text = c.caption(img, beam)
-            ranks = self._ranks(text, img, iid, c.info.get("judge_sha256")) if text.strip() else []  # none for ""
-            out.append({"captioner": c.name, "caption": text, "cider": self._cider(text, iid), "retrieval": ranks,
-                        "info": c.info,
-                        "took_ms": (time.perf_counter() - t0) * 1000})
-        refs = self._references(iid)
-        return {"image_id": iid, "references": refs, "captions": out}
-
-    def _references(self, image_id: int | None) -> list[str] | None:
-        e = next((e for e in self.entries.values() if e.has_ground_truth and image_id in e.image_pos), None)
-        if e is None:
-            return None
-        meta = e.index.captions.meta
-        return [meta["texts"][j] for j in e.index.images.meta["captions"][e.image_pos[image_id]]]
-
-    def check_caption(self, caption: str, *, image_id: int | None = None, image_bytes: bytes | None = None) -> dict:
-        """How discriminative a caption is: the image's rank for it under each retrieval model."""
-        self.get(None)
-        caption = self.clean_query(caption)
-        min_side = max((2 * e.model.image.backbone.preprocess.resize for e in self.entries.values()
-                        if e.model.image.backbone is not None), default=448)
-        img, iid = self._source_image(image_id, image_bytes, min_side)
-        return {"caption": caption, "image_id": iid, "cider": self._cider(caption, iid),
-                "retrieval": self._ranks(caption, img, iid)}
-
     # ---- images -------------------------------------------------------------------------------
     def image_path(self, image_id: int, model: str | None = None) -> Path:
         """Only files that belong to a loaded index are served (ids, never paths, come in), and of
         those only image files inside the index's images folders (search/files.py)."""
-        entries = [self.get(model)] if model else list(self.entries.values())
+        entries = [self.registry.get(model)] if model else list(self.registry.entries.values())
         for e in entries:
             pos = e.image_pos.get(int(image_id))
             if pos is not None:
@@ -363,8 +221,9 @@ class SearchService:
     # ---- explorer and training curves -----------------------------------------------------------
     def explorer(self, a: str, b: str, *, direction: str = "both", winner: str = "any", limit: int = 200) -> list[dict]:
         """Queries sorted by disagreement between two models (the data of `ltd compare`), cached."""
-        return self.explorer_rows.rows(self.get(a), self.get(b), direction=direction, winner=winner, limit=limit)
+        get = self.registry.get
+        return self.explorer_rows.rows(get(a), get(b), direction=direction, winner=winner, limit=limit)
 
     def training_figure(self, names: list[str], smooth: int = 5):
         """(figure or None, names without metrics): the training curves of these models, overlaid."""
-        return analysis.training_figure([self.get(n) for n in names], smooth)
+        return analysis.training_figure([self.registry.get(n) for n in names], smooth)

@@ -133,7 +133,7 @@ def pair_settings(pair: dict, **kw):
 def pair_service(tiny_index_pair):
     """A loaded search service over ``tiny_index_pair``, shared by a module's tests."""
     svc = pair_settings(tiny_index_pair).search_service()
-    svc.load()
+    svc.registry.load()
     yield svc
     svc.close()
 

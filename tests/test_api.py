@@ -41,7 +41,7 @@ def client(tiny_index_pair, service):
 
 @pytest.fixture(scope="module")
 def ids(service) -> dict:
-    e = service.entries["bl"]
+    e = service.registry.entries["bl"]
     return {"image": int(e.index.images.ids[0]), "caption": int(e.index.captions.ids[0]),
             "image_path": Path(e.index.images.meta["paths"][0]),
             "captions_of_image": [int(e.index.captions.ids[p]) for p in e.index.images.meta["captions"][0]]}
@@ -103,7 +103,7 @@ def test_health_while_loading_then_ready(tiny_index_pair, monkeypatch):
         assert_error(c.post("/api/search/text", json={"query": "a red square"}), 503, "not_ready")
         assert_error(c.get("/api/models"), 503, "not_ready")
         gate.set()
-        assert svc.ready.wait(60)
+        assert svc.registry.ready.wait(60)
         r = c.get("/api/health")
         assert r.status_code == 200 and r.json()["status"] == "ok"
         assert c.post("/api/search/text", json={"query": "a red square"}).status_code == 200
@@ -119,7 +119,7 @@ def test_health_reports_load_failure(tiny_index_pair, tmp_path):
     settings = Settings(models={"bad": str(bad)}, ui=False, load_in_background=True)
     app = create_app(settings)
     with TestClient(app) as c:
-        assert app.state.service.ready.wait(60)
+        assert app.state.service.registry.ready.wait(60)
         r = c.get("/api/health")
         assert r.status_code == 503 and r.json()["status"] == "error"
         assert "checkpoint" in r.json()["detail"]
@@ -148,7 +148,7 @@ def test_search_text_query(client):
 def test_search_text_caption_id_has_ground_truth(client, ids, service):
     r = client.post("/api/search/text", json={"caption_id": ids["caption"], "model": "bl", "k": 1000})
     body = r.json()
-    n_images = len(service.entries["bl"].index.images.ids)
+    n_images = len(service.registry.entries["bl"].index.images.ids)
     assert r.status_code == 200 and len(body["results"]) == n_images  # k larger than the index: all of it
     gt = [h for h in body["results"] if h["ground_truth"]]
     assert len(gt) == 1 and body["ground_truth_ids"] == [gt[0]["id"]]
@@ -421,11 +421,11 @@ def test_unexpected_errors_become_json_500(tiny_index_pair, service):
 def test_batched_cached_and_direct_encodings_agree(tiny_index_pair, service):
     texts = [f"a {c} {s} in the corner" for c in ("red", "blue", "green", "pink") for s in ("square", "circle", "cross")]
     direct = pair_settings(tiny_index_pair, text_cache=0, text_batching=False).search_service()
-    direct.load()
+    direct.registry.load()
     ref = np.stack([direct.encode_text("ltd", t) for t in texts])
-    assert direct.text_cache_info()["hits"] == 0
+    assert direct.encoder.info()["hits"] == 0
     batched = pair_settings(tiny_index_pair, text_cache=0, text_batching=True).search_service()
-    batched.load()
+    batched.registry.load()
     out: dict[int, np.ndarray] = {}
     threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, batched.encode_text("ltd", texts[i])))
                for i in range(len(texts))]
@@ -434,21 +434,21 @@ def test_batched_cached_and_direct_encodings_agree(tiny_index_pair, service):
     for t in threads:
         t.join()
     np.testing.assert_allclose(np.stack([out[i] for i in range(len(texts))]), ref, atol=1e-5)
-    info = batched.text_cache_info()
+    info = batched.encoder.info()
     assert info["encoded_queries"] == len(texts) and 1 <= info["encoder_calls"] <= len(texts)
-    service.clear_text_cache()
+    service.encoder.clear()
     service.encode_text("bl", "a cached query")
     service.encode_text("bl", "  a cached   query ")  # same after trimming: a hit
-    assert service.text_cache_info()["hits"] == 1 and service.text_cache_info()["misses"] == 1
+    assert service.encoder.info()["hits"] == 1 and service.encoder.info()["misses"] == 1
     batched.close()
     direct.close()
 
 
 def test_quantized_query_encoder_is_close(tiny_index_pair):
     quant = pair_settings(tiny_index_pair, text_quantize=True, text_cache=0).search_service()
-    quant.load()
+    quant.registry.load()
     ref = pair_settings(tiny_index_pair, text_cache=0, text_batching=False).search_service()
-    ref.load()
+    ref.registry.load()
     for text in ("a red square in the corner", "a big striped blue circle"):
         a, b = quant.encode_text("ltd", text), ref.encode_text("ltd", text)
         assert float(a @ b) / float(np.linalg.norm(a) * np.linalg.norm(b)) > 0.99
@@ -541,7 +541,7 @@ def test_a_broken_model_is_reported_and_the_others_serve(tiny_index_pair, tmp_pa
     mf["checkpoint"], mf["checkpoint_relative"] = "/nonexistent/best.pt", "../nowhere/best.pt"
     (broken / "manifest.json").write_text(json.dumps(mf))
     svc = SearchService({"bl": str(tiny_index_pair["bl"]), "ltd": str(broken)})
-    svc.load()
+    svc.registry.load()
     app = create_app(pair_settings(tiny_index_pair), service=svc)
     with TestClient(app) as c:
         h = c.get("/api/health")
@@ -553,8 +553,8 @@ def test_a_broken_model_is_reported_and_the_others_serve(tiny_index_pair, tmp_pa
         assert c.post("/api/search/text", json={"query": "a red square"}).status_code == 200  # default: a live model
     none = SearchService({"ltd": str(broken)})
     with pytest.raises(RuntimeError, match="no model could be loaded"):
-        none.load()
-    assert none.status == "error"
+        none.registry.load()
+    assert none.registry.status == "error"
 
 
 def test_models_endpoint_shows_no_absolute_paths(client, tiny_index_pair):

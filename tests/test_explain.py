@@ -17,7 +17,7 @@ def svc(pair_service) -> SearchService:
 
 def _api_score_rank(svc: SearchService, model: str, image_id: int, **query) -> tuple[float, int]:
     """The image's score and rank from the search API, ranking every image of the index."""
-    n = len(svc.entries[model].index.images.ids)
+    n = len(svc.registry.entries[model].index.images.ids)
     hits = svc.search_text(model, k=n, **query).hits
     hit = next(h for h in hits if h.id == image_id)
     return hit.score, hit.rank
@@ -48,9 +48,9 @@ def test_nothing_or_too_much_to_occlude():
 
 @pytest.mark.parametrize("query, note", [("dog", "one-word query ('dog')"), ("!!! …", "no words")])
 def test_fewer_than_two_words_still_score_and_say_why(svc, query, note):
-    image_id = int(svc.entries["bl"].index.images.ids[0])
-    ex = svc.explain(["bl", "ltd"], query=query, image_id=image_id)
-    for m in ex.models:
+    image_id = int(svc.registry.entries["bl"].index.images.ids[0])
+    ex = svc.explainer.explain(["bl", "ltd"], query=query, image_id=image_id)
+    for m in ex.results:
         assert m.words == [] and note in m.note
         assert (m.score, m.rank) == pytest.approx(_api_score_rank(svc, m.model, image_id, query=query), abs=1e-5)
     assert len(ex.summary) == 1 and note in ex.summary[0]
@@ -72,10 +72,10 @@ def test_ranks_by_counting_equal_ranks_by_sorting():
 
 # ---- against the search API -----------------------------------------------------------------------
 def _check_against_search(svc, ex, image_id, full_query: dict):
-    for m in ex.models:
+    for m in ex.results:
         score, rank = _api_score_rank(svc, m.model, image_id, **full_query)
         assert m.score == pytest.approx(score, abs=1e-5) and m.rank == rank
-        assert m.of == len(svc.entries[m.model].index.images.ids)
+        assert m.of == len(svc.registry.entries[m.model].index.images.ids)
         for w in m.words:
             s_wo, r_wo = _api_score_rank(svc, m.model, image_id, query=w.text_without)
             assert w.delta_score == pytest.approx(score - s_wo, abs=1e-5), (m.model, w.word)
@@ -84,26 +84,26 @@ def _check_against_search(svc, ex, image_id, full_query: dict):
 
 def test_attributions_equal_two_search_calls_for_a_caption(svc):
     cap = svc.sample_captions("bl", 1, seed=5)[0]
-    ex = svc.explain(["bl", "ltd"], caption_id=cap["id"])
-    assert ex.image_id == cap["image_id"] and ex.text == cap["text"] and not ex.upload
-    assert [m.model for m in ex.models] == ["bl", "ltd"]
-    assert [w.word for w in ex.models[0].words] == [w.text for w in split_words(cap["text"])]
-    _check_against_search(svc, ex, cap["image_id"], {"caption_id": cap["id"]})
+    ex = svc.explainer.explain(["bl", "ltd"], caption_id=cap.id)
+    assert ex.image_id == cap.image_id and ex.text == cap.text and not ex.upload
+    assert [m.model for m in ex.results] == ["bl", "ltd"]
+    assert [w.word for w in ex.results[0].words] == [w.text for w in split_words(cap.text)]
+    _check_against_search(svc, ex, cap.image_id, {"caption_id": cap.id})
     assert ex.summary and all(s.endswith(".") for s in ex.summary)
 
 
 def test_attributions_equal_two_search_calls_for_free_text_and_another_image(svc):
-    e = svc.entries["bl"]
+    e = svc.registry.entries["bl"]
     image_id = int(e.index.images.ids[-1])
-    ex = svc.explain(["ltd", "bl"], query="a big red circle on a striped background", image_id=image_id)
+    ex = svc.explainer.explain(["ltd", "bl"], query="a big red circle on a striped background", image_id=image_id)
     assert ex.caption_id is None and ex.image_id == image_id
     _check_against_search(svc, ex, image_id, {"query": "a big red circle on a striped background"})
     # some word must matter somewhere: the check above is not comparing zeros with zeros
-    assert any(abs(w.delta_score) > 1e-4 for m in ex.models for w in m.words)
+    assert any(abs(w.delta_score) > 1e-4 for m in ex.results for w in m.words)
 
 
 def test_batched_encoding_equals_one_by_one(svc):
-    e = svc.entries["ltd"]
+    e = svc.registry.entries["ltd"]
     _, variants = occlusion_variants("a small green triangle in the top left corner of a dotted background")
     batched = svc.explainer.encode(e)(variants)
     one_by_one = np.stack([svc.encode_text("ltd", v) for v in variants])  # the search API's path (cache, batcher)
@@ -111,11 +111,11 @@ def test_batched_encoding_equals_one_by_one(svc):
 
 
 def test_an_upload_is_ranked_as_one_more_image(svc, tiny_index_pair):
-    e = svc.entries["bl"]
+    e = svc.registry.entries["bl"]
     path = e.index.images.meta["paths"][0]
     data = open(path, "rb").read()
-    ex = svc.explain(["bl"], query="a blue square on a white background", image_bytes=data)
-    m = ex.models[0]
+    ex = svc.explainer.explain(["bl"], query="a blue square on a white background", image_bytes=data)
+    m = ex.results[0]
     assert ex.upload and ex.image_id is None and m.of == len(e.index.images.ids) + 1
     vec = svc.encode_image_bytes("bl", data)
     q = svc.encode_text("bl", "a blue square on a white background")
@@ -136,14 +136,14 @@ def test_an_upload_is_ranked_as_one_more_image(svc, tiny_index_pair):
 def test_bad_inputs_are_clear_errors(svc, kwargs, error, message):
     image = kwargs.pop("image_id", None)
     if image == 0:
-        image = int(svc.entries["bl"].index.images.ids[0])
+        image = int(svc.registry.entries["bl"].index.images.ids[0])
     with pytest.raises(error, match=message):
-        svc.explain(["bl", "ltd"], image_id=image, **kwargs)
+        svc.explainer.explain(["bl", "ltd"], image_id=image, **kwargs)
 
 
 @pytest.mark.parametrize("names", [[], ["bl", "bl"], ["bl", "ltd", "bl"], ["a", "b", "c", "d", "e"]])
 def test_model_lists_are_checked(svc, names):
     with pytest.raises(BadRequest):
-        svc.explain(names, query="a red dog", image_id=int(svc.entries["bl"].index.images.ids[0]))
+        svc.explainer.explain(names, query="a red dog", image_id=int(svc.registry.entries["bl"].index.images.ids[0]))
     with pytest.raises(NotFound):
-        svc.explain(["bl", "nope"], query="a red dog", image_id=int(svc.entries["bl"].index.images.ids[0]))
+        svc.explainer.explain(["bl", "nope"], query="a red dog", image_id=int(svc.registry.entries["bl"].index.images.ids[0]))

@@ -23,7 +23,7 @@ def client(tiny_index_pair, pair_service):
 @pytest.fixture(scope="module")
 def ids(client) -> dict:
     svc: SearchService = client.svc
-    e = svc.entries["bl"]
+    e = svc.registry.entries["bl"]
     return {"image": int(e.index.images.ids[1]), "caption": int(e.index.captions.ids[3]),
             "path": e.index.images.meta["paths"][1]}
 
@@ -39,10 +39,10 @@ def test_explain_a_caption(client, ids):
     r = client.post("/api/explain", json={"caption_id": ids["caption"], "models": ["bl", "ltd"]})
     assert r.status_code == 200, r.text
     body = r.json()
-    want = client.svc.explain(["bl", "ltd"], caption_id=ids["caption"])
+    want = client.svc.explainer.explain(["bl", "ltd"], caption_id=ids["caption"])
     assert body["text"] == want.text and body["caption_id"] == ids["caption"] and body["image_id"] == want.image_id
     assert body["thumbnail_url"].startswith(f"/api/images/{want.image_id}/thumbnail?")
-    for got, m in zip(body["results"], want.models):
+    for got, m in zip(body["results"], want.results):
         assert got["model"] == m.model and got["rank"] == m.rank and got["of"] == m.of
         assert [w["word"] for w in got["words"]] == [w.word for w in m.words]
         assert [w["delta_rank"] for w in got["words"]] == [w.delta_rank for w in m.words]
@@ -62,7 +62,7 @@ def test_explain_free_text_for_an_image_and_an_upload(client, ids):
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["upload"] and body["image_id"] is None and body["thumbnail_url"] is None
-    n = len(client.svc.entries["bl"].index.images.ids)
+    n = len(client.svc.registry.entries["bl"].index.images.ids)
     assert [m["of"] for m in body["results"]] == [n + 1, n + 1]
     r = client.post("/api/explain", files={"file": ("x.jpg", data, "image/jpeg")},
                     data={"caption_id": str(ids["caption"]), "models": "bl"})

@@ -134,19 +134,19 @@ def test_demo_captioning_trains_the_control_and_the_referee_and_reuses(tmp_path,
     assert main([a for a in args if a != "--no-serve"]) == 0  # re-running reuses every run, index and report …
     assert {p: p.stat().st_mtime for p in mtimes} == mtimes
     # … and serves the four captioners beside the retrieval models and the referee (uvicorn replaced)
-    settings, svc = served["settings"], served["service"]
+    settings, svc, caps = served["settings"], served["service"], served["captions"]
     assert set(settings.captioners) == {"xe", "scst", "sr_bl", "sr_ltd"} and set(settings.models) == {"bl", "ltd", "referee"}
     assert served["host"] == "127.0.0.1"
-    image_id = int(svc.get("referee").index.images.meta["ids"][0])
-    body = svc.caption_image(image_id=image_id, beam=1)
-    assert [c["captioner"] for c in body["captions"]] == ["xe", "scst", "sr_bl", "sr_ltd"]
-    for cap in body["captions"]:
-        if cap["caption"].strip():  # the referee's rank on every caption; a judge is marked for its SR-FL captioner
-            flags = {r["model"]: (r["teacher"], r["referee"]) for r in cap["retrieval"]}
+    image_id = int(svc.registry.get("referee").index.images.meta["ids"][0])
+    body = caps.caption_image(image_id=image_id, beam=1)
+    assert [c.captioner for c in body.captions] == ["xe", "scst", "sr_bl", "sr_ltd"]
+    for cap in body.captions:
+        if cap.caption.strip():  # the referee's rank on every caption; a judge is marked for its SR-FL captioner
+            flags = {r.model: (r.teacher, r.referee) for r in cap.retrieval}
             assert flags["referee"] == (False, True)
             if not shortcuts:  # the judges are the served bl and ltd (with --shortcuts: clean judges, not served)
-                assert flags["bl"] == (cap["captioner"] == "sr_bl", False)
-                assert flags["ltd"] == (cap["captioner"] == "sr_ltd", False)
+                assert flags["bl"] == (cap.captioner == "sr_bl", False)
+                assert flags["ltd"] == (cap.captioner == "sr_ltd", False)
 
 
 def test_caption_sentence_quotes_the_measurement_only_for_the_scene_presets(capsys):

@@ -53,7 +53,7 @@ def test_family_trains_indexes_evaluates_and_serves(tmp_path, family):
     direct = model.embed_pil([Image.open(p).convert("RGB") for p in paths]).numpy()
     np.testing.assert_allclose(direct, ix.images.vectors[:3], atol=2e-2)  # the cache holds float16
     svc = SearchService({family: ix.path})
-    svc.load()
+    svc.registry.load()
     hits = svc.search_text(family, query="a red circle", k=3).hits
     assert len(hits) == 3
     buf = io.BytesIO()

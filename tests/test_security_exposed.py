@@ -115,7 +115,7 @@ def test_a_broken_model_of_any_kind_is_down_and_the_other_serves(tiny_index_pair
         breaks(broken)
         models[f"broken{k}"] = str(broken)
     svc = SearchService(models)
-    svc.load()
+    svc.registry.load()
     with TestClient(create_app(_settings(tiny_index_pair), service=svc)) as c:
         h = c.get("/api/health")
         assert h.status_code == 200 and h.json()["loaded"] == ["bl"], h.text
@@ -135,7 +135,7 @@ def test_health_and_errors_name_no_server_folders(tiny_index_pair, tmp_path):
     mf["checkpoint"], mf["checkpoint_relative"] = "/srv/secret/place/best.pt", "../nowhere/best.pt"
     (gone / "manifest.json").write_text(json.dumps(mf))
     svc = SearchService({"bl": str(tiny_index_pair["bl"]), "ltd": str(gone)})
-    svc.load()
+    svc.registry.load()
     with TestClient(create_app(_settings(tiny_index_pair), service=svc)) as c:
         h = c.get("/api/health")
         down = h.json()["down"]["ltd"]
@@ -332,7 +332,7 @@ def test_a_crafted_index_cannot_serve_other_files(tiny_index_pair, tmp_path, leg
 
     _rewrite_images_meta(crafted, plant, legacy=legacy)
     svc = SearchService({"bl": str(crafted)})
-    svc.load()
+    svc.registry.load()
     with TestClient(create_app(_settings(tiny_index_pair, models={"bl": str(crafted)}), service=svc)) as c:
         assert c.get(f"/api/images/{ids_paths.pop('good')}").headers["content-type"] == "image/jpeg"
         for image_id, planted in ids_paths.items():

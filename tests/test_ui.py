@@ -10,7 +10,7 @@ import matplotlib
 import pytest
 
 from app.api.routers.deps import thumbnail_url
-from search import SearchError, SearchService
+from search import DatasetCaption, SearchError, SearchService
 from ui import inputs, render
 from ui.tabs import compare as cmp
 from ui.tabs import explorer as ex
@@ -30,7 +30,7 @@ def svc(pair_service) -> SearchService:
 @pytest.fixture(scope="module")
 def one(tiny_index_pair) -> SearchService:
     s = SearchService({"bl": tiny_index_pair["bl"]})
-    s.load()
+    s.registry.load()
     return s
 
 
@@ -51,14 +51,14 @@ def n_class(html: str, cls: str) -> int:
 
 # ---- Search ------------------------------------------------------------------------------------
 def test_text_search_with_dataset_caption_marks_ground_truth(svc, caption):
-    html = srch.search_text(svc, "bl", caption["text"], caption, 10, THUMBS)
-    n_images = svc.model_info("bl")["counts"]["images"]
+    html = srch.search_text(svc, "bl", caption.text, caption, 10, THUMBS)
+    n_images = svc.model_info("bl").counts["images"]
     assert html.count('<figure class="ltd-card') == min(10, n_images)
     assert n_class(html, "ltd-card gt") == 1  # one ground-truth image per caption
     assert n_class(html, "ltd-card miss") == min(10, n_images) - 1
-    assert f"dataset caption #{caption['id']}" in html
+    assert f"dataset caption #{caption.id}" in html
     assert "1st GT rank" in html and "P@" in html and "nDCG@" in html
-    assert f"/api/images/{caption['image_id']}/thumbnail?" in html  # ground truth shown in the banner
+    assert f"/api/images/{caption.image_id}/thumbnail?" in html  # ground truth shown in the banner
 
 
 def test_text_search_free_text_has_no_ground_truth(svc):
@@ -69,9 +69,9 @@ def test_text_search_free_text_has_no_ground_truth(svc):
 
 
 def test_edited_caption_becomes_free_text(svc, caption):
-    assert inputs.text_query(caption["text"], caption) == {"caption_id": caption["id"]}
-    assert inputs.text_query("  " + caption["text"].upper() + "  ", caption) == {"query": caption["text"].upper()}
-    assert inputs.text_query(caption["text"] + " ", caption) == {"caption_id": caption["id"]}
+    assert inputs.text_query(caption.text, caption) == {"caption_id": caption.id}
+    assert inputs.text_query("  " + caption.text.upper() + "  ", caption) == {"query": caption.text.upper()}
+    assert inputs.text_query(caption.text + " ", caption) == {"caption_id": caption.id}
 
 
 @pytest.mark.parametrize("text", ["", "   ", None])
@@ -87,12 +87,12 @@ def test_query_text_is_escaped(svc):
 
 
 def test_image_search_by_dataset_id_marks_ground_truth_captions(svc, caption):
-    html = srch.search_image(svc, "bl", caption["image_id"], None, 10, THUMBS)
+    html = srch.search_image(svc, "bl", caption.image_id, None, 10, THUMBS)
     assert html.count('<li class="ltd-cap') == 10
     assert n_class(html, "ltd-cap gt") >= 1
-    assert f"dataset image #{caption['image_id']}" in html
+    assert f"dataset image #{caption.image_id}" in html
     assert "ground-truth captions" in html  # the query's own captions are listed
-    same = srch.search_image(svc, "bl", str(caption["image_id"]), None, 10, THUMBS)  # a textbox value
+    same = srch.search_image(svc, "bl", str(caption.image_id), None, 10, THUMBS)  # a textbox value
     assert re.sub(r"\d+ ms", "", same) == re.sub(r"\d+ ms", "", html)
 
 
@@ -112,7 +112,7 @@ def upload_dir():
 
 def test_image_search_by_upload(svc, tiny_index_pair, upload_dir, caption):
     path = upload_dir / "photo.jpg"
-    path.write_bytes(svc.image_path(caption["image_id"], "bl").read_bytes())
+    path.write_bytes(svc.image_path(caption.image_id, "bl").read_bytes())
     html = srch.search_image(svc, "bl", None, str(path), 5, THUMBS)
     assert html.count('<li class="ltd-cap neutral"') == 5
     assert "uploaded image" in html and "data:image/jpeg;base64," in html  # a preview of the upload
@@ -121,7 +121,7 @@ def test_image_search_by_upload(svc, tiny_index_pair, upload_dir, caption):
 def test_only_files_uploaded_through_the_ui_are_read(svc, caption, upload_dir, tmp_path):
     """A file path that did not come from the UI's upload folder is never opened: not a dataset image,
     not /etc/passwd, not a device, not a link out of the folder, not a file over the size limit."""
-    outside = svc.image_path(caption["image_id"], "bl")
+    outside = svc.image_path(caption.image_id, "bl")
     link = upload_dir / "link.jpg"
     link.symlink_to(outside)
     big = upload_dir / "big.png"
@@ -163,11 +163,11 @@ def test_unknown_model_gives_a_message(svc):
 
 def test_random_caption_and_examples(svc):
     c = inputs.random_caption(svc, "bl", seed=1)
-    assert set(c) >= {"id", "text", "image_id"}
+    assert isinstance(c, DatasetCaption) and c.text and c.image_id is not None
     assert inputs.random_caption(svc, "bl", seed=1) == c  # deterministic with a seed
-    assert inputs.random_caption(svc, "bl", seed=1, exclude=c["id"])["id"] != c["id"]
+    assert inputs.random_caption(svc, "bl", seed=1, exclude=c).id != c.id
     ex = inputs.example_captions(svc, "bl", n=5)
-    assert len(ex) == 5 and len({e["id"] for e in ex}) == 5
+    assert len(ex) == 5 and len({e.id for e in ex}) == 5
 
 
 def test_image_picker_gives_thumbnail_files(svc, tmp_path, monkeypatch):
@@ -181,26 +181,26 @@ def test_image_picker_gives_thumbnail_files(svc, tmp_path, monkeypatch):
 
 
 def test_inline_thumbnails(svc, caption):
-    src = render.inline_thumbs(svc)(caption["image_id"], "bl", 64)
+    src = render.inline_thumbs(svc)(caption.image_id, "bl", 64)
     assert src.startswith("data:image/jpeg;base64,")
     assert render.inline_thumbs(svc)(999_999, "bl", 64) == ""
 
 
 # ---- Compare -----------------------------------------------------------------------------------
 def test_compare_dataset_caption_side_by_side(svc, caption):
-    html = cmp.compare_text(svc, "bl", "ltd", caption["text"], caption, 5, THUMBS)
+    html = cmp.compare_text(svc, "bl", "ltd", caption.text, caption, 5, THUMBS)
     heads = re.findall(r'<div class="ltd-col-head ltd-m\d"><h3>([^<]+)</h3>', html)
     assert heads == ["bl", "ltd"]
     assert html.count('<section class="ltd-col">') == 2
     assert html.count("1st GT rank") == 2  # metrics per model
-    out = svc.compare(["bl", "ltd"], caption_id=caption["id"], k=5)
+    out = svc.compare(["bl", "ltd"], caption_id=caption.id, k=5)
     assert f"<b>{out.overlap}</b> of top-5 shared" in html
     # every card of a model that the other did not retrieve carries the ◆ marker
     assert html.count('class="ltd-only"') == 2 * 5 - 2 * out.overlap
 
 
 def test_compare_dataset_image(svc, caption):
-    html = cmp.compare_image(svc, "bl", "ltd", caption["image_id"], None, 10, THUMBS)
+    html = cmp.compare_image(svc, "bl", "ltd", caption.image_id, None, 10, THUMBS)
     assert html.count('<section class="ltd-col">') == 2
     assert html.count('<li class="ltd-cap') == 20
     assert "ground-truth caption" in html
@@ -258,7 +258,7 @@ def test_explorer_click_maps_to_compare_query(svc):
     i2t = next(i for i, r in enumerate(rows) if r["direction"] == "i2t")
     q = ex.explorer_pick(rows, [t2i, 2], None)
     assert q == {"direction": "t2i", "caption_id": rows[t2i]["query_id"], "text": rows[t2i]["query"]}
-    assert svc.caption("bl", q["caption_id"])["text"] == q["text"]
+    assert svc.caption("bl", q["caption_id"]).text == q["text"]
     assert ex.explorer_pick(rows, i2t) == {"direction": "i2t", "image_id": rows[i2t]["query_id"]}
     # the clicked row's values win over its index (the browser may have re-sorted the table)
     assert ex.explorer_pick(rows, [0, 0], table[i2t]) == {"direction": "i2t", "image_id": rows[i2t]["query_id"]}
@@ -345,7 +345,7 @@ def test_report_table(svc):
     assert rows[0][1] == "baseline" and rows[1][1] == "LTDᴹ (η = 0.5)"  # MiniLM targets: the mark
     rsum = headers.index("rsum")
     for r in rows:
-        assert r[rsum] == pytest.approx(svc.model_info(r[0])["eval"]["rsum"], abs=0.05)
+        assert r[rsum] == pytest.approx(svc.model_info(r[0]).eval["rsum"], abs=0.05)
 
 
 # ---- models loading / one model / the Blocks app -----------------------------------------------
@@ -362,10 +362,10 @@ def test_header_lists_models_with_rsum(svc):
     html = render.header_html(svc)
     for name in ("bl", "ltd"):
         assert f'<span class="ltd-chip-name">{name}</span>' in html
-        assert f"<b>{svc.model_info(name)['eval']['rsum']:.1f}</b> rsum" in html
+        assert f"<b>{svc.model_info(name).eval['rsum']:.1f}</b> rsum" in html
     assert "η = 0.5" in html and "test split" in html
     # LTD's targets are MiniLM's (trained on Flickr30k/COCO captions): its chip carries the mark and says why
-    assert svc.model_info("ltd")["caption_corpora"] and not svc.model_info("bl")["caption_corpora"]
+    assert svc.model_info("ltd").caption_corpora and not svc.model_info("bl").caption_corpora
     assert '<span class="ltd-chip-kind">LTDᴹ · η = 0.5</span>' in html and "Flickr30k/COCO" in html
     assert '<span class="ltd-chip-kind">baseline</span>' in html
 
@@ -393,12 +393,12 @@ def test_build_ui_has_its_tabs_and_wires_each_event(svc, caption):
     assert box["props"]["max_length"] == 77  # the server's query limit reaches the UI
     dep, ins, outs, fn = _dependency(blocks, "run_text")
     assert ins[1] == "search-text" and outs == ["search-text-results"]
-    html = fn("bl", caption["text"], caption, 5)
+    html = fn("bl", caption.text, caption, 5)
     assert html.count('<figure class="ltd-card') == 5 and "ltd-card gt" in html
     dep, ins, outs, fn = _dependency(blocks, "cmp_text")
     assert "compare-text" in ins and outs == ["compare-results", "compare-explain", "compare-share"]
-    html, attr, state = fn("bl", "ltd", caption["text"], caption, 5)
-    assert html.count('<section class="ltd-col">') == 2 and "ltd-attr" in attr and f"cid={caption['id']}" in state
+    html, attr, state = fn("bl", "ltd", caption.text, caption, 5)
+    assert html.count('<section class="ltd-col">') == 2 and "ltd-attr" in attr and f"cid={caption.id}" in state
     dep, ins, outs, fn = _dependency(blocks, "upload_image")
     assert fn("bl", "/etc/passwd", 5)[1].count("only images uploaded through this page") == 1
     dep, ins, outs, _ = _dependency(blocks, "open_in_compare")

@@ -47,12 +47,12 @@ def _attributes(html: str) -> set[str]:
 
 # ---- Compare: word attributions -----------------------------------------------------------------
 def test_attribution_panel_shades_every_word_per_model(svc, caption):
-    html, shown = cmp.explain_panel(svc, "bl", "ltd", {"caption_id": caption["id"]}, THUMBS)
-    exp = svc.explain(["bl", "ltd"], caption_id=caption["id"])
-    assert shown == caption["image_id"] and htmllib.escape("the caption's own image") in html
+    html, shown = cmp.explain_panel(svc, "bl", "ltd", {"caption_id": caption.id}, THUMBS)
+    exp = svc.explainer.explain(["bl", "ltd"], caption_id=caption.id)
+    assert shown == caption.image_id and htmllib.escape("the caption's own image") in html
     rows = html.split('<div class="ltd-attr-row">')[1:]
     assert len(rows) == 2 and ">bl<" in rows[0] and ">ltd<" in rows[1]
-    for row, m in zip(rows, exp.models):
+    for row, m in zip(rows, exp.results):
         deltas = [float(x) for x in re.findall(r'data-delta-score="([-0-9.]+)"', row)]
         assert deltas == pytest.approx([w.delta_score for w in m.words], abs=1e-5)
         assert [int(x) for x in re.findall(r'data-delta-rank="(-?\d+)"', row)] == [w.delta_rank for w in m.words]
@@ -68,7 +68,7 @@ def test_free_text_explains_model_a_top_result_or_a_clicked_image(svc):
     q = {"query": "a big blue circle on a dotted background"}
     html, shown = cmp.explain_panel(svc, "ltd", "bl", q, THUMBS)
     assert shown == svc.search_text("ltd", query=q["query"], k=1).hits[0].id and htmllib.escape("ltd's top result") in html
-    other = int(svc.entries["bl"].index.images.ids[-1])
+    other = int(svc.registry.entries["bl"].index.images.ids[-1])
     html, shown = cmp.explain_panel(svc, "ltd", "bl", q, THUMBS, other)
     assert shown == other and "picked from the results" in html
     assert cmp.explain_panel(svc, "bl", "ltd", {"image_id": other}, THUMBS) == ("", None)  # image queries: none
@@ -85,10 +85,10 @@ def test_attribution_panel_escapes_and_says_why_when_there_are_no_words(svc):
 
 
 def test_compare_view_returns_results_attributions_and_url_state(svc, caption):
-    html, attr, state = cmp.compare_view(svc, "bl", "ltd", {"caption_id": caption["id"]}, 5, THUMBS)
+    html, attr, state = cmp.compare_view(svc, "bl", "ltd", {"caption_id": caption.id}, 5, THUMBS)
     assert html.count('<section class="ltd-col">') == 2 and "ltd-attr" in attr
     assert share.read(state, ["bl", "ltd"], [5, 10]) == share.UIState(
-        tab="compare", a="bl", b="ltd", k=5, cid=caption["id"], ex=caption["image_id"])
+        tab="compare", a="bl", b="ltd", k=5, cid=caption.id, ex=caption.image_id)
 
 
 # ---- Explorer: words and maps -------------------------------------------------------------------
@@ -106,7 +106,7 @@ def test_words_view_lists_both_directions_with_clickable_examples(svc):
 
 def test_map_view_draws_both_models_and_colours_a_word(svc):
     html = ex.map_view(svc, "bl", "ltd")
-    ix = svc.entries["bl"].index
+    ix = svc.registry.entries["bl"].index
     assert html.count("<svg") == 2
     assert html.count("<circle") == 2 * len(ix.captions.ids) and html.count("<rect") == 2 * len(ix.images.ids)
     texts = ix.captions.meta["texts"]
@@ -147,10 +147,10 @@ def test_the_page_reopens_a_shared_url(svc, caption):
     dep = next(d for d in cfg["dependencies"] if d.get("js") == share.READ_JS)
     by_id = {c["id"]: c for c in cfg["components"]}
     fn = blocks.fns[dep["id"]].fn
-    upd = fn(f"?tab=compare&a=ltd&b=bl&k=5&cid={caption['id']}")
+    upd = fn(f"?tab=compare&a=ltd&b=bl&k=5&cid={caption.id}")
     by_elem = {getattr(k, "elem_id", None): v for k, v in upd.items()}
     assert "ltd-attr" in by_elem["compare-explain"] and by_elem["compare-results"].count('class="ltd-col"') == 2
-    assert f"cid={caption['id']}" in by_elem["compare-share"] and "a=ltd&b=bl" in by_elem["compare-share"]
+    assert f"cid={caption.id}" in by_elem["compare-share"] and "a=ltd&b=bl" in by_elem["compare-share"]
     assert {by_id[i]["props"].get("elem_id") for i in dep["outputs"]} >= {"compare-results", "explorer-words"}
     assert fn("?tab=explorer&a=bl&b=ltd&view=words")  # the words view is filled
     assert list(fn("?nothing=here")) == [next(k for k in upd if getattr(k, "elem_id", None) == "ltd-tabs")]

@@ -21,7 +21,7 @@ def svc(pair_service) -> SearchService:
 
 def _reference(svc: SearchService, name: str) -> dict[tuple[int, int], tuple[float, int, int]]:
     """(caption row, word position) → (Δscore, Δrank, full rank): one text at a time, ranks by sorting."""
-    e = svc.entries[name]
+    e = svc.registry.entries[name]
     ix, encode = e.index, svc.explainer.encode(e)
     imgs = np.asarray(ix.images.vectors)
     out = {}
@@ -44,7 +44,7 @@ def _reference(svc: SearchService, name: str) -> dict[tuple[int, int], tuple[flo
 
 @pytest.mark.parametrize("per_batch, shared_states", [(3, True), (1000, True), (7, False)])
 def test_split_occlusion_equals_a_plain_loop(svc, per_batch, shared_states):
-    e = svc.entries["ltd"]
+    e = svc.registry.entries["ltd"]
     encode = svc.explainer.encode_variants(e) if shared_states else text_variants(svc.explainer.encode(e))
     assert isinstance(encode, GRUOcclusion) == shared_states
     table = occlude_split(e.index, encode, captions_per_batch=per_batch)
@@ -72,7 +72,7 @@ def test_shared_gru_states_equal_encoding_every_variant(svc, pool):
     from search.explain import occlusion_variants
     from training.models.text_encoder import GRUTextEncoder, move_batch
 
-    src = svc.entries["bl"].model.text
+    src = svc.registry.entries["bl"].model.text
     torch.manual_seed(0)
     enc = GRUTextEncoder(src.vocab, src.embed.embedding_dim, 24, 16, head_hidden=32, pool=pool, max_len=src.max_len).eval()
 
@@ -80,7 +80,7 @@ def test_shared_gru_states_equal_encoding_every_variant(svc, pool):
         with torch.inference_mode():
             return enc(move_batch(enc.prepare(texts), "cpu")).numpy()
 
-    texts = [t for t in list(svc.entries["bl"].index.captions.meta["texts"]) + TRICKY if occlusion_variants(t)[1]]
+    texts = [t for t in list(svc.registry.entries["bl"].index.captions.meta["texts"]) + TRICKY if occlusion_variants(t)[1]]
     words = [occlusion_variants(t)[0] for t in texts]
     np.testing.assert_allclose(GRUOcclusion(enc, encode)(texts, words), text_variants(encode)(texts, words), atol=2e-6)
 
@@ -98,7 +98,7 @@ def _tables(words, ra, rb, sa=None, sb=None, rows=None):
 def test_compare_usage_aggregates_by_hand(svc):
     """Six captions (rows 0-5) of the tiny split, each image at rank 4: removing 'red' moves it under b in 3
     of 4 occurrences (to 5, 2, 4, 9) and never under a; 'dog' only under a, once (to 6); 'the' never."""
-    ix = svc.entries["bl"].index
+    ix = svc.registry.entries["bl"].index
     words = ["red", "red", "red", "red", "dog", "the"]
     ta, tb = _tables(words, [0, 0, 0, 0, 2, 0], [1, -2, 0, 5, 0, 0], sa=[0.0, 0.1, 0, 0, 0.2, 0])
     u = compare_usage(ix, ix, ta, tb, names=("A", "B"), min_count=1)
@@ -125,7 +125,7 @@ def test_compare_usage_aggregates_by_hand(svc):
 
 def test_the_lists_put_the_surest_differences_first(svc):
     """A large gap seen in one image (no interval) ranks below a smaller one seen across many."""
-    ix = svc.entries["bl"].index
+    ix = svc.registry.entries["bl"].index
     img = np.asarray(ix.captions.meta["image"])
     spread = [int(np.flatnonzero(img == i)[0]) for i in range(5)]
     one = [int(r) for r in np.flatnonzero(img == 5)[:3]]
@@ -138,7 +138,7 @@ def test_the_lists_put_the_surest_differences_first(svc):
 def test_the_gap_interval_is_clustered_by_image(svc):
     """The same 4 differing occurrences: spread over 4 images they give a finite interval; all in one
     image there is nothing to estimate the spread from (infinite)."""
-    ix = svc.entries["bl"].index
+    ix = svc.registry.entries["bl"].index
     img = np.asarray(ix.captions.meta["image"])
     one_per_image = [int(np.flatnonzero(img == i)[0]) for i in range(4)]
     ta, tb = _tables(["red"] * 4, [0, 0, 0, 1], [1, 1, 0, 1], rows=one_per_image)
@@ -156,7 +156,7 @@ def test_word_usage_is_cached_next_to_the_index(svc, tiny_index_pair, monkeypatc
     assert u.occurrences > 0 and u.words
     assert sorted(p.name for p in tiny_index_pair["bl"].glob("word_occlusion.*")) == ["word_occlusion.g0001.npz"]
     fresh = SearchService({"bl": tiny_index_pair["bl"], "ltd": tiny_index_pair["ltd"]})
-    fresh.load()
+    fresh.registry.load()
     import search.word_usage as wu
 
     monkeypatch.setattr(wu, "occlude_split", lambda *a, **k: pytest.fail("computed again despite the cache"))
@@ -165,7 +165,7 @@ def test_word_usage_is_cached_next_to_the_index(svc, tiny_index_pair, monkeypatc
 
 
 def test_derived_arrays_are_recomputed_when_torn_stale_or_unwritable(svc, monkeypatch):
-    ix = svc.entries["bl"].index
+    ix = svc.registry.entries["bl"].index
     calls = []
 
     def compute():
@@ -206,7 +206,7 @@ def test_pca_matches_scikit_learn():
 
 def test_embedding_map_and_word_masks(svc):
     m = svc.explainer.embedding_map("ltd")
-    ix = svc.entries["ltd"].index
+    ix = svc.registry.entries["ltd"].index
     assert m.images.shape == (len(ix.images.ids), 2) and m.captions.shape == (len(ix.captions.ids), 2)
     assert 0 < m.explained[1] <= m.explained[0] < 1
     img, cap = np.asarray(ix.images.vectors), np.asarray(ix.captions.vectors)

@@ -1,9 +1,10 @@
-"""The Gradio Blocks app: a header and five tabs (ui/tabs/) over one ``SearchService``.
+"""The Gradio Blocks app: a header and five tabs (ui/tabs/) over one ``SearchService`` and the
+``CaptionService`` beside it.
 
 The FastAPI app mounts it and hands it everything it needs (it imports neither ``app`` nor
 ``training``)::
 
-    blocks = build_ui(service, limits=UILimits(...), thumb_url=lambda image_id, model, size: "/api/…")
+    blocks = build_ui(service, captions, limits=UILimits(...), thumb_url=lambda image_id, model, size: "/api/…")
     gr.mount_gradio_app(app, blocks, path="/ui", theme=THEME, css=CSS)
 
 While the models load, a timer polls every 2 s and fills the header, the example captions and the
@@ -16,7 +17,7 @@ from collections.abc import Callable
 
 import gradio as gr
 
-from search import SearchService
+from search import CaptionService, SearchService
 from ui import inputs, share
 from ui.context import UIContext, UILimits
 from ui.render import header_html, inline_thumbs
@@ -26,19 +27,21 @@ from ui.theme import CSS
 __all__ = ["UILimits", "build_ui"]
 
 
-def build_ui(service: SearchService, *, limits: UILimits | None = None,
+def build_ui(service: SearchService, captions: CaptionService | None = None, *, limits: UILimits | None = None,
              thumb_url: Callable[[int, str, int], str] | None = None, title: str = "LTD retrieval",
              embed_css: bool = True) -> gr.Blocks:
-    """The UI over ``service``. ``thumb_url(image_id, model, size)`` gives the URL of a thumbnail (the
+    """The UI over ``service`` and ``captions`` (None: a caption service without captioners, whose tab
+    says how to add one). ``thumb_url(image_id, model, size)`` gives the URL of a thumbnail (the
     REST route); without it thumbnails are embedded as data URIs. ``embed_css``: also ship the style
     sheet inside the page, so the result cards keep their look when the mount passes no ``css``."""
     thumbs = (lambda i, m, s: thumb_url(int(i), m or "", int(s))) if thumb_url else inline_thumbs(service)
-    ctx = UIContext(service, limits or UILimits(), thumbs)
+    ctx = UIContext(service, captions or CaptionService(service), limits or UILimits(), thumbs)
+    models = service.registry
     with gr.Blocks(title=title, analytics_enabled=False, fill_width=True) as demo:
         if embed_css:
             gr.HTML(f"<style>{CSS}</style>", elem_id="ltd-style", padding=False, container=False)
         header = gr.HTML(header_html(service), elem_id="ltd-header")
-        timer = gr.Timer(2.0, active=not service.ready.is_set())
+        timer = gr.Timer(2.0, active=not models.ready.is_set())
         with gr.Tabs(elem_id="ltd-tabs") as tabs:
             s = search.build(ctx)
             c = compare.build(ctx)
@@ -48,16 +51,16 @@ def build_ui(service: SearchService, *, limits: UILimits | None = None,
 
         def on_load(model, cmodel, seed=0):
             """Header, example captions and image pickers; the timer polls until the models are ready."""
-            ready = service.ready.is_set()
+            ready = models.ready.is_set()
             out = [header_html(service), gr.Timer(active=not ready)]
             if not ready:
                 return out + [gr.skip()] * 10
             s_ex, c_ex = (inputs.example_captions(service, m, n=12) for m in (model, cmodel))
-            return out + [gr.Dataset(samples=[[e["text"]] for e in s_ex]), s_ex,
-                          gr.Dataset(samples=[[e["text"]] for e in c_ex]), c_ex,
+            return out + [gr.Dataset(samples=[[e.text] for e in s_ex]), s_ex,
+                          gr.Dataset(samples=[[e.text] for e in c_ex]), c_ex,
                           *inputs.image_picker(service, model, seed=seed),
                           *inputs.image_picker(service, cmodel, n=16, seed=seed + 1),
-                          *inputs.image_picker(service, service.default_name_with_ground_truth, n=16, seed=seed + 2)]
+                          *inputs.image_picker(service, models.default_name_with_ground_truth, n=16, seed=seed + 2)]
 
         outputs = [header, timer, s.examples, s.examples_state, c.examples, c.examples_state, s.gallery,
                    s.gallery_ids, c.gallery, c.gallery_ids, cap_gallery, cap_ids]
@@ -76,7 +79,7 @@ def _share(ctx: UIContext, demo: gr.Blocks, tabs: gr.Tabs, c: compare.CompareTab
         if state.tab is None:
             return {tabs: gr.skip()}  # (an empty dict would be read as one output value)
         upd = {tabs: gr.Tabs(selected=state.tab)}
-        if not ctx.service.ready.wait(timeout=120) or ctx.pair is None or state.tab not in ("compare", "explorer"):
+        if not ctx.service.registry.ready.wait(timeout=120) or ctx.pair is None or state.tab not in ("compare", "explorer"):
             return upd
         a, b = state.a or ctx.first_pair[0], state.b or ctx.first_pair[1]
         if state.tab == "explorer":

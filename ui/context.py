@@ -1,9 +1,9 @@
-"""What every tab gets: the search service, the limits to enforce, how to show thumbnails."""
+"""What every tab gets: the search and caption services, the limits to enforce, how to show thumbnails."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from search import SearchService
+from search import CaptionService, SearchService
 from ui.render import ThumbSrc, two_models
 
 
@@ -18,12 +18,13 @@ class UILimits:
 @dataclass(frozen=True)
 class UIContext:
     service: SearchService
+    captions: CaptionService
     limits: UILimits
     thumbs: ThumbSrc
 
     @property
     def names(self) -> list[str]:
-        return list(self.service.names)
+        return list(self.service.registry.names)
 
     @property
     def pair(self) -> tuple[str, str] | None:

@@ -69,10 +69,10 @@ def words_row_html(m: ModelAttribution, scale: float, index: int, kind: str = ""
 def attribution_html(ex: Explanation, thumbs: ThumbSrc, *, kinds: dict[str, str] | None = None,
                      why: str = "", upload_src: str = "") -> str:
     """The panel: the explained image, one shaded row per model (one colour scale for all), the sentences."""
-    scale = max((abs(w.delta_score) for m in ex.models for w in m.words), default=0.0)
-    rows = "".join(words_row_html(m, scale, i, (kinds or {}).get(m.model, "")) for i, m in enumerate(ex.models))
+    scale = max((abs(w.delta_score) for m in ex.results for w in m.words), default=0.0)
+    rows = "".join(words_row_html(m, scale, i, (kinds or {}).get(m.model, "")) for i, m in enumerate(ex.results))
     if ex.image_id is not None:
-        src = thumbs(ex.image_id, ex.models[0].model if ex.models else None, 160)
+        src = thumbs(ex.image_id, ex.results[0].model if ex.results else None, 160)
         img = f'<img class="ltd-attr-img" src="{esc(src)}" alt="image {ex.image_id}">'
         label = f"image #{ex.image_id}" + (f" · {esc(why)}" if why else "")
     else:
@@ -213,7 +213,7 @@ def maps_html(service: SearchService, a: str, b: str, *, color_by: str = "disagr
     """Both models' maps side by side, coloured by how much they disagree on each query or by a word's
     presence; at most ``max_captions`` captions (an even, fixed sample) so the page stays light."""
     maps = [service.explainer.embedding_map(n) for n in (a, b)]
-    ix = service.get(a).index
+    ix = service.registry.get(a).index
     texts, files = ix.captions.meta["texts"], ix.images.meta["filenames"]
     n_cap, n_img = len(ix.captions.ids), len(ix.images.ids)
     rows = np.linspace(0, n_cap - 1, min(n_cap, max_captions)).round().astype(int) if n_cap else np.zeros(0, int)
@@ -224,7 +224,7 @@ def maps_html(service: SearchService, a: str, b: str, *, color_by: str = "disagr
         legend = (f'<b style="color:#4f46e5">●</b> captions with “{esc(word.strip())}” ({int(cmask.sum()):,}), '
                   f'<b style="color:#0891b2">■</b> their images; grey: the others')
     else:
-        e = service.get(a)
+        e = service.registry.get(a)
         cap, img = map_colors_by_disagreement(service.explorer(a, b, limit=10**9), n_cap, n_img, e.caption_pos,
                                               e.image_pos)
         legend = (f'colour: which model ranks the query\'s ground truth higher, by how much (log₂ of the rank ratio): '

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from search import BadRequest, NotReady, SearchError, SearchService, redact_paths
+from search import BadRequest, DatasetCaption, NotReady, SearchError, SearchService, redact_paths
 from ui.render import notice
 
 log = logging.getLogger(__name__)
@@ -56,12 +56,12 @@ def parse_id(value: Any, what: str) -> int | None:
     return int(f)
 
 
-def text_query(text: str | None, picked: dict | None) -> dict:
+def text_query(text: str | None, picked: DatasetCaption | None) -> dict:
     """The query for a text box: the picked dataset caption (with ground truth) while the box still
     holds its text, free text otherwise."""
     text = (text or "").strip()
-    if picked and picked.get("id") is not None and text and " ".join(text.split()) == " ".join(str(picked.get("text", "")).split()):
-        return {"caption_id": int(picked["id"])}
+    if picked is not None and text and " ".join(text.split()) == " ".join(picked.text.split()):
+        return {"caption_id": picked.id}
     if not text:
         raise BadRequest("Type a query, or pick a dataset caption (⚄ random caption, or an example) to see ground truth.")
     return {"query": text}
@@ -98,18 +98,19 @@ def image_query(image_id: Any, upload_path: str | None, max_bytes: int) -> dict:
     return {"image_id": iid}
 
 
-def random_caption(service: SearchService, model: str, seed: int | None = None, exclude: int | None = None) -> dict:
-    """One random dataset caption {id, text, image_id}: searching it attaches ground truth. ``exclude``
+def random_caption(service: SearchService, model: str, seed: int | None = None,
+                   exclude: DatasetCaption | None = None) -> DatasetCaption:
+    """One random dataset caption: searching it attaches ground truth. ``exclude``
     (the caption on screen) is skipped so that the button always changes something."""
     rng = random.Random(seed)
     picks = service.sample_captions(model, 8, seed=rng.randrange(1 << 30))
     if not picks:
         raise BadRequest(f"model {model}'s index has no captions")
-    fresh = [c for c in picks if exclude is None or c["id"] != exclude] or picks
+    fresh = [c for c in picks if exclude is None or c.id != exclude.id] or picks
     return fresh[rng.randrange(len(fresh))]
 
 
-def example_captions(service: SearchService, model: str, n: int = 8, seed: int = 0) -> list[dict]:
+def example_captions(service: SearchService, model: str, n: int = 8, seed: int = 0) -> list[DatasetCaption]:
     try:
         return service.sample_captions(model, n, seed=seed)
     except SearchError:
@@ -121,8 +122,8 @@ def image_picker(service: SearchService, model: str, n: int = 24, seed: int = 0)
     ids: list[int] = []
     try:
         for c in service.sample_captions(model, n * 4, seed=seed):
-            if c.get("image_id") is not None and c["image_id"] not in ids:
-                ids.append(int(c["image_id"]))
+            if c.image_id is not None and c.image_id not in ids:
+                ids.append(c.image_id)
             if len(ids) >= n:
                 break
     except SearchError:

@@ -45,9 +45,10 @@ def notice(message: str, kind: str = "info") -> str:
 # ---- models ------------------------------------------------------------------------------------
 def loading_state(service: SearchService) -> str | None:
     """A notice while the service is not ready (or failed to load), None once it is."""
-    if service.load_error:
-        return notice(f"Loading the models failed: {service.load_error}", "error")
-    if service.ready.is_set():
+    health = service.registry.health()
+    if health.detail:
+        return notice(f"Loading the models failed: {health.detail}", "error")
+    if health.status != "loading":
         return None
     return notice("Models are loading… the page updates by itself when they are ready.", "loading")
 
@@ -59,7 +60,7 @@ MARK_MEANS = "ᴹ: its captions or LTD targets come from a sentence model traine
 def model_label(service: SearchService, name: str) -> dict:
     """Short facts about a model for the header and the training tab (needs a ready service)."""
     info = service.model_info(name)
-    loss = (info.get("model") or {}).get("loss") or {}
+    loss = (info.model or {}).get("loss") or {}
     mode = loss.get("mode") or "none"
     kind = {"none": "baseline", "constraint": "LTD", "dual": "LTD (dual)"}.get(mode, mode)
     if loss.get("decoder") == "itd":
@@ -69,25 +70,26 @@ def model_label(service: SearchService, name: str) -> dict:
         detail = f"η = {float(loss['eta']):g}"
     elif mode == "dual" and loss.get("beta") is not None:
         detail = f"β = {float(loss['beta']):g}"
-    ev = info.get("eval") or {}
-    if info.get("caption_corpora"):  # its captions or LTD targets come from a model trained on Flickr30k/COCO captions
+    ev = info.eval or {}
+    if info.caption_corpora:  # its captions or LTD targets come from a model trained on Flickr30k/COCO captions
         kind += MARK
     return {"name": name, "kind": kind, "detail": detail, "loss": loss, "rsum": ev.get("rsum"),
-            "dataset": info.get("dataset"), "split": info.get("split"), "counts": info.get("counts") or {},
-            "image_search": info.get("image_search", True), "ground_truth": info.get("ground_truth")}
+            "dataset": info.dataset, "split": info.split, "counts": info.counts or {},
+            "image_search": info.image_search, "ground_truth": info.ground_truth}
 
 
 def header_html(service: SearchService) -> str:
     """Title bar: dataset/split and one chip per model with its eval rsum."""
     title = '<div class="ltd-title"><span class="ltd-logo">◐</span><div><h1>LTD retrieval</h1>'
-    if not service.ready.is_set():
+    health = service.registry.health()  # the reasons a model is down name files, never the server's folders
+    if health.status == "loading":
         state = loading_state(service) or ""
-        chips = "".join(f'<span class="ltd-chip ltd-chip-wait">{esc(n)} · loading…</span>' for n in service.names)
+        chips = "".join(f'<span class="ltd-chip ltd-chip-wait">{esc(n)} · loading…</span>' for n in health.models)
         return (f'<header class="ltd-header">{title}<p>image ↔ caption ranking inspector</p></div></div>'
                 f'<div class="ltd-chips">{chips}</div></header>{state}')
-    labels = [model_label(service, n) for n in service.names if n in service.entries]
+    labels = [model_label(service, n) for n in health.loaded]
     down = "".join(f'<span class="ltd-chip ltd-chip-down" title="{esc(r)}"><span class="ltd-chip-name">{esc(n)}</span>'
-                   f'<span class="ltd-chip-kind">down</span>not loaded</span>' for n, r in service.failed.items())
+                   f'<span class="ltd-chip-kind">down</span>not loaded</span>' for n, r in health.down.items())
     if not labels:
         return (f'<header class="ltd-header">{title}<p>image ↔ caption ranking inspector</p></div></div>'
                 f'<div class="ltd-chips">{down}</div></header>{loading_state(service) or ""}')
@@ -104,21 +106,22 @@ def header_html(service: SearchService) -> str:
         chips.append(f'<span class="ltd-chip ltd-m{i % 4}" title="{esc(lb["name"])}: {esc(lb["kind"])}{det}{esc(why)}">'
                      f'<span class="ltd-chip-name">{esc(lb["name"])}</span>'
                      f'<span class="ltd-chip-kind">{esc(lb["kind"])}{det}</span>{rsum}</span>')
-    warn = notice("Not every model could be loaded: " + "; ".join(f"{n}: {r}" for n, r in service.failed.items()),
-                  "error") if service.failed else ""
+    warn = notice("Not every model could be loaded: " + "; ".join(f"{n}: {r}" for n, r in health.down.items()),
+                  "error") if health.down else ""
     return (f'<header class="ltd-header">{title}<p>{sub}</p></div></div>'
             f'<div class="ltd-chips">{"".join(chips)}{down}</div></header>{warn}')
 
 
 def two_models(service: SearchService) -> tuple[str, str] | None:
-    names = service.names
+    names = service.registry.names
     return (names[0], names[1]) if len(names) >= 2 else None
 
 
 def need_two_notice(service: SearchService) -> str | None:
-    if len(service.names) >= 2:
+    names = service.registry.names
+    if len(names) >= 2:
         return None
-    return notice(f"Comparing needs two models; this server loaded one ({service.names[0]}). Start it with two, "
+    return notice(f"Comparing needs two models; this server loaded one ({names[0]}). Start it with two, "
                   "e.g. `ltd serve --model bl=indexes/bl --model ltd=indexes/ltd`.", "info")
 
 
@@ -133,33 +136,22 @@ def _state(gt: bool | None) -> tuple[str, str, str]:
     return "neutral", "", ""
 
 
-def pick_metrics(metrics: dict | None) -> dict[str, float]:
-    """The metrics to show, as {label: value}: 1st GT rank, P@n and nDCG@n (fixed cut-offs, as in the
-    eval report), falling back to the service's at-k values when it gives no fixed ones."""
-    if not metrics:
+def pick_metrics(res: SearchResult | None) -> dict[str, float]:
+    """The metrics to show, as {label: value}: 1st GT rank, P@n and nDCG@n at the eval report's fixed
+    cut-offs (P@5, nDCG@25, at most the index size); empty without ground truth."""
+    if res is None or res.metrics is None or res.cutoffs is None:
         return {}
-    out: dict[str, float] = {}
-    if isinstance(metrics.get("first_gt_rank"), (int, float)):
-        out["1st GT rank"] = metrics["first_gt_rank"]
-    k = metrics.get("k")
-    for head, label in (("p", "P"), ("ndcg", "nDCG")):
-        fixed = [key for key, v in metrics.items() if key.startswith(head + "@") and key[len(head) + 1:].isdigit()
-                 and isinstance(v, (int, float))]
-        if fixed:
-            key = fixed[0]
-            out[f"{label}@{key.split('@')[1]}"] = metrics[key]
-        elif isinstance(metrics.get(f"{head}@k"), (int, float)):
-            out[f"{label}@{k if k is not None else 'k'}"] = metrics[f"{head}@k"]
-    return out
+    c = res.cutoffs
+    return {"1st GT rank": res.metrics.first_gt_rank, f"P@{c.p_at}": c.precision, f"nDCG@{c.ndcg_at}": c.ndcg}
 
 
-def metrics_html(metrics: dict | None, other: dict | None = None) -> str:
+def metrics_html(res: SearchResult, other: SearchResult | None = None) -> str:
     """Chips for first-GT rank, P@n and nDCG@n; with ``other``, the better of two models is marked ▲."""
-    shown = pick_metrics(metrics)
+    shown = pick_metrics(res)
     if not shown:
         return '<div class="ltd-metrics"><span class="ltd-metric ltd-muted">no ground truth for this query</span></div>'
     theirs = pick_metrics(other)
-    rel = (metrics or {}).get("ndcg_relevance")
+    rel = res.metrics.ndcg_relevance
     chips = []
     for label, v in shown.items():
         o = theirs.get(label)
@@ -223,18 +215,18 @@ def query_html(service: SearchService, model: str, res: SearchResult, thumbs: Th
     """The query banner: the caption (with its ground-truth image) or the query image (with its captions)."""
     q = res.query
     parts = []
-    if "text" in q:
-        tag = (f'<span class="ltd-tag">dataset caption #{q["caption_id"]}</span>' if "caption_id" in q
+    if q.text is not None:
+        tag = (f'<span class="ltd-tag">dataset caption #{q.caption_id}</span>' if q.caption_id is not None
                else '<span class="ltd-tag ltd-tag-free">free text · no ground truth</span>')
-        parts.append(f'<div class="ltd-qtext"><span class="ltd-quote">“{esc(q["text"])}”</span>{tag}</div>')
+        parts.append(f'<div class="ltd-qtext"><span class="ltd-quote">“{esc(q.text)}”</span>{tag}</div>')
         if res.ground_truth_ids:
             imgs = "".join(f'<img src="{esc(thumbs(i, model, 128))}" alt="ground truth image {i}" '
                            f'title="ground-truth image #{i}">' for i in res.ground_truth_ids[:5])
             parts.append(f'<div class="ltd-qgt"><span>✓ ground truth</span>{imgs}</div>')
         return f'<div class="ltd-query">{"".join(parts)}</div>'
-    if "image_id" in q:
-        img = f'<img class="ltd-qimg" src="{esc(thumbs(q["image_id"], model, 256))}" alt="query image {q["image_id"]}">'
-        desc = f'<span class="ltd-tag">dataset image #{q["image_id"]} · {esc(q.get("filename") or "")}</span>'
+    if q.image_id is not None:
+        img = f'<img class="ltd-qimg" src="{esc(thumbs(q.image_id, model, 256))}" alt="query image {q.image_id}">'
+        desc = f'<span class="ltd-tag">dataset image #{q.image_id} · {esc(q.filename or "")}</span>'
     else:
         src = _upload_preview(upload) if upload else ""
         img = f'<img class="ltd-qimg" src="{src}" alt="uploaded image">' if src else ""
@@ -244,7 +236,7 @@ def query_html(service: SearchService, model: str, res: SearchResult, thumbs: Th
         caps = []
         for cid in res.ground_truth_ids[:10]:
             try:
-                caps.append(f"<li>{esc(service.caption(model, cid)['text'])}</li>")
+                caps.append(f"<li>{esc(service.caption(model, cid).text)}</li>")
             except SearchError:
                 continue
         gt = (f'<details class="ltd-gtcaps" open><summary>✓ its {len(res.ground_truth_ids)} ground-truth captions</summary>'
@@ -281,5 +273,5 @@ def legend_html(direction: str, has_gt: bool) -> str:
 def result_html(query: str, res: Any, direction: str, ranking: str) -> str:
     """One search result: the query, a bar with metrics / legend / timing, then the ranking."""
     return (f'<div class="ltd-result">{query}'
-            f'<div class="ltd-bar">{metrics_html(res.metrics)}{legend_html(direction, res.metrics is not None)}'
+            f'<div class="ltd-bar">{metrics_html(res)}{legend_html(direction, res.metrics is not None)}'
             f'{_timing(res)}</div>{ranking}</div>')

@@ -37,7 +37,7 @@ def _metrics_table(service: SearchService, names: list[str]) -> str:
     rows = []
     for n in names:
         lb = model_label(service, n)
-        ev = service.model_info(n).get("eval") or {}
+        ev = service.model_info(n).eval or {}
         cells = "".join(f"<td>{ev[k]:.1f}</td>" if isinstance(ev.get(k), (int, float)) else "<td>–</td>"
                         for k in METRICS)
         rows.append(f"<tr><td><b>{esc(n)}</b> <span class='ltd-muted'>{esc(lb['kind'])} {esc(lb['detail'])}</span>"
@@ -67,6 +67,6 @@ def report_html(service: SearchService, a: str, b: str, queries: list[dict], *, 
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<style>{PAGE_CSS}\n{CSS}</style></head><body>"
             f'<header class="ltd-header"><div class="ltd-title"><span class="ltd-logo">◐</span><div>'
-            f"<h1>{esc(title)}</h1><p>{esc(info.get('dataset') or 'corpus')} · {esc(info.get('split') or '')} split · "
+            f"<h1>{esc(title)}</h1><p>{esc(info.dataset or 'corpus')} · {esc(info.split or '')} split · "
             f"written {esc(time.strftime('%Y-%m-%d %H:%M'))} by <code>ltd compare --html</code></p></div></div></header>"
             f"{_metrics_table(service, [a, b])}{words}{''.join(sections)}</body></html>")

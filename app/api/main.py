@@ -1,14 +1,16 @@
-"""The FastAPI application: ``create_app(settings, service)``.
+"""The FastAPI application: ``create_app(settings, service, captions)``.
 
 - A lifespan handler loads the models and indexes once into the ``SearchService`` held on
   ``app.state.service`` (in a background thread when ``settings.load_in_background``, so
-  /api/health answers 503 "loading" meanwhile); routers reach it through ``get_service``.
+  /api/health answers 503 "loading" meanwhile); the ``CaptionService`` beside it, on
+  ``app.state.captions``, loads its captioners in the same thread. Routers reach them through
+  ``get_service`` and ``get_captions``.
 - Errors are JSON ``{error, detail}`` (app/api/errors.py); request bodies are size-limited before
   and while they are read (app/api/limits.py); Host checks, the optional token and the Gradio
   routes this UI does not use are handled by app/api/security.py.
 - /metrics serves Prometheus counters and latency histograms (app/api/prom.py).
-- The Gradio UI is mounted at /ui when ``settings.ui``: ``ui.app.build_ui`` gets the service, the
-  limits it must enforce and how to reach thumbnails; it never calls the REST API over HTTP.
+- The Gradio UI is mounted at /ui when ``settings.ui``: ``ui.app.build_ui`` gets the two services,
+  the limits it must enforce and how to reach thumbnails; it never calls the REST API over HTTP.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from app.api.prom import PrometheusMiddleware, Registry
 from app.api.routers import caption, deps, docs, explain, health, media, metrics, search
 from app.api.security import AccessMiddleware
 from app.api.settings import Settings, load_settings
-from search import SearchService
+from search import CaptionService, SearchService
 
 log = logging.getLogger(__name__)
 
@@ -48,25 +50,26 @@ def apply_thread_settings(settings: Settings) -> None:
 @asynccontextmanager
 async def lifespan(app: FastAPI):
     svc: SearchService = app.state.service
-    if not svc.ready.is_set():
+    models = svc.registry
+    if not models.ready.is_set():
         if app.state.settings.load_in_background:
-            svc.start_loading()
+            models.start_loading()
         else:
-            await anyio.to_thread.run_sync(svc.load)  # when no model loads, the start-up fails
+            await anyio.to_thread.run_sync(models.load)  # when no model loads, the start-up fails
     try:
         yield
     finally:
         # A process must not exit while the loader thread is inside torch/FAISS native code (the C++
         # runtime aborts it: "terminate called without an active exception"); loading takes seconds.
-        if not svc.ready.is_set():
+        if not models.ready.is_set():
             log.info("waiting for model loading to finish before shutting down")
-            await anyio.to_thread.run_sync(svc.ready.wait, 120)
+            await anyio.to_thread.run_sync(models.ready.wait, 120)
         if app.state.owns_service:
             svc.close()
 
 
-def _mount_ui(app: FastAPI, service: SearchService, settings: Settings) -> None:
-    """The Gradio UI at /ui, calling the same service object as the routers (never HTTP)."""
+def _mount_ui(app: FastAPI, service: SearchService, captions: CaptionService, settings: Settings) -> None:
+    """The Gradio UI at /ui, calling the same service objects as the routers (never HTTP)."""
     import gradio as gr
 
     from ui.app import UILimits, build_ui
@@ -74,7 +77,7 @@ def _mount_ui(app: FastAPI, service: SearchService, settings: Settings) -> None:
 
     limits = UILimits(max_upload_bytes=settings.max_upload_bytes, max_query_chars=settings.max_query_chars)
     ui_upload_folder()  # before the Blocks exist: each component records Gradio's folder when built
-    blocks = build_ui(service, limits=limits, thumb_url=deps.thumbnail_url)
+    blocks = build_ui(service, captions, limits=limits, thumb_url=deps.thumbnail_url)
     gr.mount_gradio_app(app, blocks, path="/ui", theme=THEME, css=CSS, max_file_size=settings.max_upload_bytes,
                         blocked_paths=_private_paths(settings), run_history=False, enable_monitoring=False,
                         allowed_paths=[str(service.thumbnails.private_folder())],  # gallery thumbnails
@@ -150,20 +153,24 @@ def _install_openapi(app: FastAPI) -> None:
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = copy.deepcopy(generate())  # the parts from openapi_extra are shared module constants
-            _enumerate_models(schema, list(app.state.service.names))
+            _enumerate_models(schema, list(app.state.service.registry.names))
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def create_app(settings: Settings | None = None, service: SearchService | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, service: SearchService | None = None,
+               captions: CaptionService | None = None) -> FastAPI:
     """The app. ``service`` may be given ready (tests, ``ltd demo``); otherwise one is built from
-    ``settings.models`` and loaded by the lifespan handler."""
+    ``settings.models`` and loaded by the lifespan handler. ``captions`` likewise, from
+    ``settings.captioners`` beside ``service``."""
     settings = settings or Settings()
     owns = service is None
     if service is None:
         service = settings.search_service()
+    if captions is None:
+        captions = settings.caption_service(service)
     app = FastAPI(
         title="LTD retrieval",
         version="0.1.0",
@@ -171,7 +178,7 @@ def create_app(settings: Settings | None = None, service: SearchService | None =
         lifespan=lifespan,
         docs_url=None, redoc_url=None,  # served from installed files by routers/docs.py (works offline)
     )
-    app.state.settings, app.state.service, app.state.owns_service = settings, service, owns
+    app.state.settings, app.state.service, app.state.captions, app.state.owns_service = settings, service, captions, owns
     app.state.ui_mounted = False
     registry = Registry()
     metrics.register_service_collectors(registry, service)
@@ -196,7 +203,7 @@ def create_app(settings: Settings | None = None, service: SearchService | None =
     docs.mount(app)
     _install_openapi(app)
     if settings.ui:
-        _mount_ui(app, service, settings)
+        _mount_ui(app, service, captions, settings)
     return app
 
 

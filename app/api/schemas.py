@@ -1,5 +1,6 @@
 """Pydantic schemas of every request and response of the REST API (one module, as in the FastAPI
-"bigger applications" layout). The OpenAPI document at /openapi.json is generated from these."""
+"bigger applications" layout). The OpenAPI document at /openapi.json is generated from these. Response
+fields are named as in the service's results (search/results.py; tests/test_service_results.py)."""
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
@@ -112,18 +113,6 @@ class CompareRequest(BaseModel):
         if self.models[0] == self.models[1]:
             raise ValueError("models must name two different models")
         return self
-
-
-# Multipart bodies (documented by hand in the routes' openapi_extra; parsed in app/routers/search.py).
-UPLOAD_FIELD = {"type": "string", "format": "binary", "description": "an image file (JPEG, PNG, WebP, BMP, GIF, TIFF)"}
-K_FIELD = {"type": "integer", "minimum": 1, "maximum": MAX_K, "default": 10}
-MODEL_FIELD = {"type": "string", "minLength": 1, "maxLength": 100}
-IMAGE_UPLOAD_FORM = {"type": "object", "required": ["file"], "additionalProperties": False,
-                     "properties": {"file": UPLOAD_FIELD, "model": MODEL_FIELD, "k": K_FIELD}}
-COMPARE_UPLOAD_FORM = {"type": "object", "required": ["file", "models"], "additionalProperties": False,
-                       "properties": {"file": UPLOAD_FIELD, "k": K_FIELD,
-                                      "models": {"type": "array", "items": MODEL_FIELD, "minItems": 2, "maxItems": 2,
-                                                 "uniqueItems": True}}}
 
 
 # ---- responses ---------------------------------------------------------------------------------
@@ -298,12 +287,28 @@ class ImageRank(BaseModel):
     referee: bool = Field(False, description="no served captioner was trained against this model: an independent view")
 
 
+class CaptionerSummary(BaseModel):
+    """A served captioner's training summary, from its checkpoint."""
+
+    stage: str | None = Field(description="xe (cross-entropy) or scst (self-critical)")
+    alpha: float | None = Field(description="SCST: weight of the self-retrieval reward")
+    labelled_fraction: float
+    judge_sha256: str | None = Field(description="SCST: sha256 prefix of the retrieval model it was trained against")
+    epoch: int | None
+    val: float | None = Field(description="best validation score")
+
+
+class CaptionersResponse(BaseModel):
+    ready: dict[str, CaptionerSummary]
+    down: dict[str, str] = Field(description="captioners that could not be loaded, and why")
+
+
 class GeneratedCaption(BaseModel):
     captioner: str
     caption: str
     cider: float | None = Field(description="CIDEr-D against the image's reference captions (dataset images only)")
     retrieval: list[ImageRank] = Field(description="self-retrieval: the image's rank for this caption, per model")
-    info: dict[str, Any]
+    info: CaptionerSummary
     took_ms: float
 
 
@@ -348,14 +353,6 @@ class ExplainRequest(BaseModel):
         if len(set(self.models)) != len(self.models):
             raise ValueError("models must name different models")
         return self
-
-
-EXPLAIN_UPLOAD_FORM = {"type": "object", "required": ["file", "models"], "additionalProperties": False,
-                       "properties": {"file": UPLOAD_FIELD, "query": {"type": "string", "minLength": 1,
-                                                                      "maxLength": MAX_QUERY_CHARS},
-                                      "caption_id": {"type": "integer", "minimum": 0, "maximum": MAX_ID},
-                                      "models": {"type": "array", "items": MODEL_FIELD, "minItems": 1, "maxItems": 4,
-                                                 "uniqueItems": True}}}
 
 
 class WordAttributionOut(BaseModel):

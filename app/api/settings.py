@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from search import SearchConfig, SearchService
+from search import CaptionService, SearchConfig, SearchService
 from training.config_base import ConfigError, error_line
 
 
@@ -81,8 +81,12 @@ class Settings(BaseSettings, SearchConfig):
 
     def search_service(self) -> SearchService:
         """A (not yet loaded) search service for these settings' models."""
-        return SearchService(self.models, checkpoints=self.checkpoints, config=self.search_config(),
-                             captioners=self.captioners)
+        return SearchService(self.models, checkpoints=self.checkpoints, config=self.search_config())
+
+    def caption_service(self, search: SearchService) -> CaptionService:
+        """The caption service of these settings' captioners, beside ``search``. Built before ``search``
+        loads, its captioners load with the models (in the same thread, covered by ``ready``)."""
+        return CaptionService(search, self.captioners)
 
 
 def load_settings(**overrides: Any) -> Settings:

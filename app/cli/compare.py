@@ -57,7 +57,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     models = _names(args.index)
     svc = SearchService(models)
-    svc.load()
+    svc.registry.load()
     try:
         a, b = list(models)
         usage = _words(svc, a, b, args) if args.words else None

@@ -153,15 +153,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.no_serve:
         return 0
     from app.cli.serve import serve
-    from search import SearchService
 
     models = {n: str(ix.path.resolve()) for n, ix in indexes.items()} | referee
     from app.api.settings import load_settings
 
-    service = SearchService(models, config=load_settings().search_config(), captioners=captioners)
-    service.load()
-    return serve(load_settings(models=models, captioners=captioners, load_in_background=False, allowed_hosts=hosts),
-                 host=args.host, port=args.port, service=service)
+    settings = load_settings(models=models, captioners=captioners, load_in_background=False, allowed_hosts=hosts)
+    service = settings.search_service()
+    captions = settings.caption_service(service)  # before loading: the captioners load with the models
+    service.registry.load()
+    return serve(settings, host=args.host, port=args.port, service=service, captions=captions)
 
 
 def print_marks(cfgs: dict) -> None:

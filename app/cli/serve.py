@@ -183,10 +183,10 @@ def limit_heap_retention() -> None:
         pass
 
 
-def serve(settings, *, host: str = "127.0.0.1", port: int = 8000, service=None, workers: int = 1,
+def serve(settings, *, host: str = "127.0.0.1", port: int = 8000, service=None, captions=None, workers: int = 1,
           access_log: bool = False, log_level: str = "info") -> int:
-    """Run uvicorn until interrupted; 2 when no model could be loaded. ``service``: an already built
-    SearchService (one process only)."""
+    """Run uvicorn until interrupted; 2 when no model could be loaded. ``service`` and ``captions``: an
+    already built SearchService and the CaptionService beside it (one process only)."""
     import uvicorn
 
     from app.api.connections import GuardedHTTPProtocol
@@ -211,14 +211,14 @@ def serve(settings, *, host: str = "127.0.0.1", port: int = 8000, service=None, 
         Multiprocess(config, sockets=[sock]).run()
         return 0
     apply_thread_settings(settings)
-    app = create_app(settings, service=service)
+    app = create_app(settings, service=service, captions=captions)
     server = uvicorn.Server(guarded(uvicorn.Config(app, **kw), settings))
-    svc = app.state.service
-    _stop_when_nothing_loads(svc, server)
+    models = app.state.service.registry
+    _stop_when_nothing_loads(models, server)
     _print_urls(host, port, app.state.ui_mounted)
     server.run(sockets=[sock])
-    if svc.load_error:
-        log.error("%s", svc.load_error)
+    if models.load_error:
+        log.error("%s", models.load_error)
         return 2
     return 0
 
@@ -234,11 +234,12 @@ def guarded(config, settings):
     return config
 
 
-def _stop_when_nothing_loads(svc, server) -> None:
-    """When loading ends with no model at all, stop the server (the command then exits 2)."""
+def _stop_when_nothing_loads(models, server) -> None:
+    """When loading ends with no model at all (``models``: the service's registry), stop the server (the
+    command then exits 2)."""
     def watch() -> None:
-        svc.ready.wait()
-        if svc.load_error:
+        models.ready.wait()
+        if models.load_error:
             server.should_exit = True
 
     threading.Thread(target=watch, name="ltd-load-watch", daemon=True).start()

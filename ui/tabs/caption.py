@@ -8,7 +8,7 @@ from typing import Any
 
 import gradio as gr
 
-from search import SearchService
+from search import CaptionerInfo, CaptionService, ImageRank
 from ui import inputs, widgets
 from ui.context import UIContext, UILimits
 from ui.render import ThumbSrc, esc, notice
@@ -23,25 +23,26 @@ ROLES = {"teacher": ("judge", "this captioner was trained against this model, wh
          "referee": ("referee", "no served captioner was trained against this model: the independent view")}
 
 
-def _rank_badges(ranks: list[dict]) -> str:
+def _rank_badges(ranks: list[ImageRank]) -> str:
     """One badge per retrieval model: rank 1 green, top 5 amber, further red; the captioner's own judge
     and the referee (a model no captioner trained against) are marked."""
     out = []
     for r in ranks:
-        cls = "gt" if r["rank"] == 1 else ("near" if r["rank"] <= 5 else "miss")
-        role = next((ROLES[k] for k in ("teacher", "referee") if r.get(k)), None)
-        tip = (f"{r['model']}: the image ranks {r['rank']} of {r['of']} for this caption (score {r['score']:.3f})"
+        cls = "gt" if r.rank == 1 else ("near" if r.rank <= 5 else "miss")
+        role = next((ROLES[k] for k in ("teacher", "referee") if getattr(r, k)), None)
+        tip = (f"{r.model}: the image ranks {r.rank} of {r.of} for this caption (score {r.score:.3f})"
                + (f"; {role[1]}" if role else ""))
-        out.append(f'<span class="ltd-rankbadge {cls}" title="{esc(tip)}">{esc(r["model"])} '
-                   f'<b>#{r["rank"]}</b><small>/{r["of"]}</small>'
+        out.append(f'<span class="ltd-rankbadge {cls}" title="{esc(tip)}">{esc(r.model)} '
+                   f'<b>#{r.rank}</b><small>/{r.of}</small>'
                    + (f' <em class="ltd-role">{role[0]}</em>' if role else "") + "</span>")
     return "".join(out) or '<span class="ltd-muted">no retrieval model can rank this image</span>'
 
 
-def _image_html(service: SearchService, image_id: int | None, thumbs: ThumbSrc, refs: list[str] | None) -> str:
+def _image_html(captions: CaptionService, image_id: int | None, thumbs: ThumbSrc, refs: list[str] | None) -> str:
     if image_id is None:
         return '<div class="ltd-query"><span class="ltd-tag ltd-tag-free">uploaded image · no references</span></div>'
-    img = f'<img class="ltd-qimg" src="{esc(thumbs(image_id, service.default_name_with_ground_truth, 256))}" alt="">'
+    model = captions.search.registry.default_name_with_ground_truth
+    img = f'<img class="ltd-qimg" src="{esc(thumbs(image_id, model, 256))}" alt="">'
     ref = "".join(f"<li>{esc(t)}</li>" for t in refs or [])
     refs_html = (f'<details class="ltd-gtcaps" open><summary>its {len(refs)} reference captions</summary>'
                  f'<ul>{ref}</ul></details>') if refs else ""
@@ -49,48 +50,52 @@ def _image_html(service: SearchService, image_id: int | None, thumbs: ThumbSrc, 
             f'{refs_html}</div></div>')
 
 
+def _how(info: CaptionerInfo) -> str:
+    """How a captioner was trained, in a few words."""
+    how = {"xe": "cross-entropy", "scst": "self-critical"}.get(info.stage, info.stage or "")
+    if info.stage == "scst" and info.alpha is not None:
+        how += f" · α = {info.alpha:g}"
+    return how
+
+
 @inputs.guarded
-def caption_image(service: SearchService, image_id: Any, upload_path: str | None, beam: Any, thumbs: ThumbSrc,
+def caption_image(captions: CaptionService, image_id: Any, upload_path: str | None, beam: Any, thumbs: ThumbSrc,
                   max_bytes: int = UILimits.max_upload_bytes) -> str:
     """Every captioner's caption of the image, scored (CIDEr-D, self-retrieval rank per model)."""
-    if not service.captioners.names:
+    if not captions.captioners.names:
         return notice(NO_CAPTIONER, "info")
     q = inputs.image_query(image_id, upload_path, max_bytes)
-    out = service.caption_image(beam=inputs.parse_k(beam, 5), **q)
+    out = captions.caption_image(beam=inputs.parse_k(beam, 5), **q)
     cards = []
-    for c in out["captions"]:
-        info = c["info"] or {}
-        how = {"xe": "cross-entropy", "scst": "self-critical"}.get(info.get("stage"), info.get("stage") or "")
-        if info.get("stage") == "scst":
-            how += f" · α = {info.get('alpha'):g}" if info.get("alpha") is not None else ""
-        cider = f'<span class="ltd-metric"><span>CIDEr-D</span><b>{c["cider"]:.3f}</b></span>' if c["cider"] is not None else ""
-        cards.append(f'<section class="ltd-col"><div class="ltd-col-head"><h3>{esc(c["captioner"])}</h3>'
-                     f'<span class="ltd-muted">{esc(how)}</span></div>'
-                     + (f'<p class="ltd-gen">“{esc(c["caption"])}”</p>' if c["caption"].strip() else
+    for c in out.captions:
+        cider = f'<span class="ltd-metric"><span>CIDEr-D</span><b>{c.cider:.3f}</b></span>' if c.cider is not None else ""
+        cards.append(f'<section class="ltd-col"><div class="ltd-col-head"><h3>{esc(c.captioner)}</h3>'
+                     f'<span class="ltd-muted">{esc(_how(c.info))}</span></div>'
+                     + (f'<p class="ltd-gen">“{esc(c.caption)}”</p>' if c.caption.strip() else
                         '<p class="ltd-gen ltd-muted">(the captioner produced no words for this image)</p>')
                      + f'<div class="ltd-metrics">{cider}</div>'
-                     + (f'<div class="ltd-ranks">{_rank_badges(c["retrieval"])}</div>' if c["caption"].strip() else "")
+                     + (f'<div class="ltd-ranks">{_rank_badges(c.retrieval)}</div>' if c.caption.strip() else "")
                      + "</section>")
-    return (f'<div class="ltd-result">{_image_html(service, out["image_id"], thumbs, out["references"])}'
+    return (f'<div class="ltd-result">{_image_html(captions, out.image_id, thumbs, out.references)}'
             f'<div class="ltd-cols">{"".join(cards)}</div></div>')
 
 
 @inputs.guarded
-def check_caption(service: SearchService, caption: str | None, image_id: Any, upload_path: str | None,
+def check_caption(captions: CaptionService, caption: str | None, image_id: Any, upload_path: str | None,
                   max_bytes: int = UILimits.max_upload_bytes) -> str:
     """How well a caption you wrote finds the image, under every retrieval model."""
     q = inputs.image_query(image_id, upload_path, max_bytes)
-    out = service.check_caption(caption or "", **q)
-    cider = f" · CIDEr-D {out['cider']:.3f} against its references" if out["cider"] is not None else ""
-    return (f'<div class="ltd-result"><p class="ltd-gen">“{esc(out["caption"])}”{esc(cider)}</p>'
-            f'<div class="ltd-ranks">{_rank_badges(out["retrieval"])}</div>'
+    out = captions.check_caption(caption or "", **q)
+    cider = f" · CIDEr-D {out.cider:.3f} against its references" if out.cider is not None else ""
+    return (f'<div class="ltd-result"><p class="ltd-gen">“{esc(out.caption)}”{esc(cider)}</p>'
+            f'<div class="ltd-ranks">{_rank_badges(out.retrieval)}</div>'
             '<p class="ltd-muted">Rank 1: the caption picks this image out of the whole index. A caption that '
             'fits many images ranks it lower.</p></div>')
 
 
 def build(ctx: UIContext) -> tuple[gr.Gallery, gr.State]:
     """The tab; returns its image picker (and the ids behind it) for the page's load event."""
-    svc, max_bytes = ctx.service, ctx.limits.max_upload_bytes
+    svc, max_bytes = ctx.captions, ctx.limits.max_upload_bytes
     with gr.Tab("Caption", id="caption", elem_id="tab-caption"):
         if not svc.captioners.names:
             gr.HTML(notice(NO_CAPTIONER, "info"))

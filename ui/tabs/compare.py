@@ -10,7 +10,7 @@ from typing import Any
 
 import gradio as gr
 
-from search import BadRequest, NotReady, SearchError, SearchService
+from search import BadRequest, DatasetCaption, NotReady, SearchError, SearchService
 from ui import inputs, share, widgets
 from ui.context import UIContext, UILimits
 from ui.explain_render import attribution_html
@@ -34,7 +34,7 @@ EMPTY_COMPARE = ('<div class="ltd-empty">One query, two models side by side. Pic
 @inputs.guarded
 def compare(service: SearchService, a: str, b: str, query: dict, k: Any, thumbs: ThumbSrc) -> str:
     """Two models side by side on one query (``query``: one of query/caption_id/image_id/image_bytes)."""
-    if len(service.names) < 2:
+    if len(service.registry.names) < 2:
         return need_two_notice(service) or ""
     if not a or not b or a == b:
         raise BadRequest("Pick two different models to compare.")
@@ -53,7 +53,7 @@ def compare(service: SearchService, a: str, b: str, query: dict, k: Any, thumbs:
         det = f" · {esc(lb['detail'])}" if lb["detail"] else ""
         cols.append(f'<section class="ltd-col"><div class="ltd-col-head ltd-m{i}"><h3>{esc(r.model)}</h3>'
                     f'<span class="ltd-muted">{esc(lb["kind"])}{det}</span></div>'
-                    f'{metrics_html(r.metrics, other.metrics)}{render(r, thumbs, shared)}</section>')
+                    f'{metrics_html(r, other)}{render(r, thumbs, shared)}</section>')
     return (f'<div class="ltd-result">{query_html(service, a, ra, thumbs, query.get("image_bytes"))}'
             f'<div class="ltd-bar">{overlap}{legend_html(out.direction, ra.metrics is not None)}</div>'
             f'<div class="ltd-cols">{"".join(cols)}</div></div>')
@@ -81,7 +81,7 @@ def explain_panel(service: SearchService, a: str, b: str, query: dict, thumbs: T
                   image_id: int | None = None) -> tuple[str, int | None]:
     """(HTML, explained image id) of the word attributions of a text query under both models: for the
     image ``image_id`` (a clicked result), else the caption's own image, else model a's top result."""
-    if "query" not in query and "caption_id" not in query or len(service.names) < 2 or not a or not b or a == b:
+    if "query" not in query and "caption_id" not in query or len(service.registry.names) < 2 or not a or not b or a == b:
         return "", None
     try:
         why = "picked from the results"
@@ -92,8 +92,8 @@ def explain_panel(service: SearchService, a: str, b: str, query: dict, thumbs: T
             image_id, why = top[0].id, f"{a}'s top result"
         elif image_id is None:
             why = "the caption's own image"
-        ex = service.explain([a, b], image_id=image_id, **query)
-        if "caption_id" in query and ex.image_id == service.caption(a, query["caption_id"])["image_id"]:
+        ex = service.explainer.explain([a, b], image_id=image_id, **query)
+        if "caption_id" in query and ex.image_id == service.caption(a, query["caption_id"]).image_id:
             why = "the caption's own image"
         kinds = {n: model_label(service, n)["kind"] for n in (a, b)}
         return attribution_html(ex, thumbs, kinds=kinds, why=why), ex.image_id
@@ -153,10 +153,10 @@ def opened(t: CompareTab, tabs: gr.Tabs, ctx: UIContext, a: str, b: str, k: Any,
            t.out: html, t.explain_out: attr, t.share: state}
     if "caption_id" in query:
         try:
-            text = ctx.service.caption(a, query["caption_id"])["text"]
+            picked = ctx.service.caption(a, query["caption_id"])
         except SearchError:
-            text = ""
-        upd |= {t.text: text, t.picked: {"id": query["caption_id"], "text": text}}
+            picked = DatasetCaption(id=query["caption_id"], text="", image_id=None)
+        upd |= {t.text: picked.text, t.picked: picked}
     elif "query" in query:
         upd |= {t.text: query["query"], t.picked: None}
     else:
@@ -240,16 +240,16 @@ def _wire(ctx: UIContext, t: CompareTab, go, rand, img_go, swap) -> None:
 
     def cmp_rand(a, b, k, current):
         try:
-            c = inputs.random_caption(svc, a, exclude=(current or {}).get("id"))
+            c = inputs.random_caption(svc, a, exclude=current)
         except SearchError as e:
             return gr.skip(), gr.skip(), notice(e.detail, "error"), "", gr.skip()
-        return c["text"], c, *cmp_text(a, b, c["text"], c, k)
+        return c.text, c, *cmp_text(a, b, c.text, c, k)
 
     def cmp_example(idx, examples, a, b, k):
         if idx is None or not 0 <= idx < len(examples):
             return (gr.skip(),) * 5
         c = examples[idx]
-        return c["text"], c, *cmp_text(a, b, c["text"], c, k)
+        return c.text, c, *cmp_text(a, b, c.text, c, k)
 
     def cmp_pick(ids, a, b, k, evt: gr.SelectData):
         if evt.index is None or not 0 <= evt.index < len(ids):

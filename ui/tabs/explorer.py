@@ -41,7 +41,7 @@ def explorer(service: SearchService, a: str, b: str, direction: str = "both", wi
 
     ``winner`` is any | a | b | tie (which model ranks the ground truth higher). With ``thumbs``, image
     queries show a thumbnail in the query cell (an HTML column)."""
-    if len(service.names) < 2:
+    if len(service.registry.names) < 2:
         return [], [], need_two_notice(service) or ""
     if not a or not b or a == b:
         return [], [], notice("Pick two different models.", "error")
@@ -108,7 +108,7 @@ def winner_choices(a: str, b: str) -> list[tuple[str, str]]:
 def words_view(service: SearchService, a: str, b: str, min_count: Any = 5, top: Any = 15,
                show_progress: bool = False) -> str:
     """The words view: what each model uses and the other ignores over the whole split."""
-    if len(service.names) < 2:
+    if len(service.registry.names) < 2:
         return need_two_notice(service) or ""
     if not a or not b or a == b:
         return notice("Pick two different models.", "error")
@@ -122,7 +122,7 @@ def words_view(service: SearchService, a: str, b: str, min_count: Any = 5, top: 
 
 
 def map_view(service: SearchService, a: str, b: str, color_by: str = "disagreement", word: str = "") -> str:
-    if len(service.names) < 2:
+    if len(service.registry.names) < 2:
         return need_two_notice(service) or ""
     if not a or not b or a == b:
         return notice("Pick two different models.", "error")

@@ -8,7 +8,7 @@ from typing import Any
 
 import gradio as gr
 
-from search import SearchError, SearchService
+from search import DatasetCaption, SearchError, SearchService
 from ui import inputs, widgets
 from ui.context import UIContext, UILimits
 from ui.render import (
@@ -27,7 +27,7 @@ EMPTY_IMAGE = ('<div class="ltd-empty">Click a dataset image, type its id, or up
 
 
 @inputs.guarded
-def search_text(service: SearchService, model: str, text: str | None, picked: dict | None, k: Any,
+def search_text(service: SearchService, model: str, text: str | None, picked: DatasetCaption | None, k: Any,
                 thumbs: ThumbSrc) -> str:
     """Text → images: a grid of thumbnails, ground truth outlined when the query is a dataset caption."""
     res = service.search_text(model, k=inputs.parse_k(k), **inputs.text_query(text, picked))
@@ -92,16 +92,16 @@ def _wire_text(ctx: UIContext, model, k, text, picked, go, rand, examples, examp
 
     def rand_text(model, k, current):
         try:
-            c = inputs.random_caption(svc, model, exclude=(current or {}).get("id"))
+            c = inputs.random_caption(svc, model, exclude=current)
         except SearchError as e:
             return gr.skip(), gr.skip(), notice(e.detail, "error")
-        return c["text"], c, search_text(svc, model, c["text"], c, k, src)
+        return c.text, c, search_text(svc, model, c.text, c, k, src)
 
     def example_text(idx, examples, model, k):
         if idx is None or not 0 <= idx < len(examples):
             return gr.skip(), gr.skip(), gr.skip()
         c = examples[idx]
-        return c["text"], c, search_text(svc, model, c["text"], c, k, src)
+        return c.text, c, search_text(svc, model, c.text, c, k, src)
 
     def rerun_text(model, text, picked, k):
         return run_text(model, text, picked, k) if (text or "").strip() else gr.skip()

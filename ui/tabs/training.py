@@ -14,8 +14,8 @@ REPORT_COLUMNS = [(k, k.replace("_", " ")) for k in REPORT_KEYS]
 
 def report_table(service: SearchService, names: list[str] | None = None) -> tuple[list[str], list[list]]:
     """(headers, rows): one row per serving model with its eval report (R@1/5/10 both ways, rsum, R-P, nDCG)."""
-    names = [n for n in (names or service.names) if n in service.entries]
-    reports = {n: (model_label(service, n), service.model_info(n).get("eval") or {}) for n in names}
+    names = [n for n in (names or service.registry.names) if n in service.registry.entries]
+    reports = {n: (model_label(service, n), service.model_info(n).eval or {}) for n in names}
     nd = sorted({k for _, r in reports.values() for k in r if "nDCG" in k})
     headers = (["model", "loss"] + [h for _, h in REPORT_COLUMNS]
                + [k.replace("_rougeL", " (ROUGE-L)").replace("_", " ") for k in nd])
@@ -29,7 +29,7 @@ def report_table(service: SearchService, names: list[str] | None = None) -> tupl
 
 def training_figure(service: SearchService, names: list[str] | None = None, smooth: int = 5):
     """(matplotlib figure or None, notice HTML) of the selected models' training curves."""
-    names = [n for n in (names or []) if n in service.names]
+    names = [n for n in (names or []) if n in service.registry.names]
     if not names:
         return None, notice("Select at least one model.", "info")
     try:
@@ -71,7 +71,7 @@ def build(ctx: UIContext) -> None:
         plot = gr.Plot(label="Training curves", elem_id="training-plot")
 
     def run_training(models, smooth):
-        if not svc.ready.is_set():
+        if not svc.registry.ready.is_set():
             return None, None, loading_state(svc)
         headers, rows = report_table(svc, models or names)
         fig, note = training_figure(svc, models, smooth)

@@ -1,6 +1,7 @@
 """Request bodies that are JSON or an upload on the same path: parsing and validation shared by the
-routers (image search, compare, captions). Every failure is a 4xx (422 for bad JSON or fields, 413 for
-a file over the limit, 415 for another content type), never a 500."""
+routers (image search, compare, explain, captions), and the OpenAPI documentation of the upload
+forms. Every failure is a 4xx (422 for bad JSON or fields, 413 for a file over the limit, 415 for
+another content type), never a 500."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,25 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
+from app.api.schemas import MAX_ID, MAX_K, MAX_QUERY_CHARS
 from app.api.settings import Settings
+
+# Multipart bodies, documented by hand in the routes' openapi_extra (body_doc) and parsed by upload_form.
+UPLOAD_FIELD = {"type": "string", "format": "binary", "description": "an image file (JPEG, PNG, WebP, BMP, GIF, TIFF)"}
+K_FIELD = {"type": "integer", "minimum": 1, "maximum": MAX_K, "default": 10}
+MODEL_FIELD = {"type": "string", "minLength": 1, "maxLength": 100}
+IMAGE_UPLOAD_FORM = {"type": "object", "required": ["file"], "additionalProperties": False,
+                     "properties": {"file": UPLOAD_FIELD, "model": MODEL_FIELD, "k": K_FIELD}}
+COMPARE_UPLOAD_FORM = {"type": "object", "required": ["file", "models"], "additionalProperties": False,
+                       "properties": {"file": UPLOAD_FIELD, "k": K_FIELD,
+                                      "models": {"type": "array", "items": MODEL_FIELD, "minItems": 2, "maxItems": 2,
+                                                 "uniqueItems": True}}}
+EXPLAIN_UPLOAD_FORM = {"type": "object", "required": ["file", "models"], "additionalProperties": False,
+                       "properties": {"file": UPLOAD_FIELD, "query": {"type": "string", "minLength": 1,
+                                                                      "maxLength": MAX_QUERY_CHARS},
+                                      "caption_id": {"type": "integer", "minimum": 0, "maximum": MAX_ID},
+                                      "models": {"type": "array", "items": MODEL_FIELD, "minItems": 1, "maxItems": 4,
+                                                 "uniqueItems": True}}}
 
 
 def validate(model: type[BaseModel], data: object) -> BaseModel:

@@ -10,21 +10,22 @@ from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ConfigDict
 
 from app.api.routers.bodies import body_doc, json_body, media_type, unsupported, upload_form, validate
-from app.api.routers.deps import COMMON_ERRORS, errors, get_service, get_settings, json_model
+from app.api.routers.deps import COMMON_ERRORS, errors, get_captions, get_settings, json_model
 from app.api.schemas import (
     Beam,
     CaptionCheckRequest,
     CaptionCheckResponse,
     Captioners,
+    CaptionersResponse,
     CaptionRequest,
     CaptionResponse,
     QueryText,
 )
 from app.api.settings import Settings
-from search import SearchService, redact_paths
+from search import CaptionService
 
 router = APIRouter(prefix="/api", tags=["captions"])
-Service = Annotated[SearchService, Depends(get_service)]
+Service = Annotated[CaptionService, Depends(get_captions)]
 CAPTION_ERRORS = {**COMMON_ERRORS, **errors(400, 404, 413, 415)}
 UPLOAD = {"type": "string", "format": "binary", "description": "an image (JPEG, PNG, WebP, BMP, GIF or TIFF)"}
 CAPTION_FORM = {"type": "object", "required": ["file"], "additionalProperties": False,
@@ -79,11 +80,10 @@ async def check_query(request: Request, settings: Annotated[Settings, Depends(ge
     raise unsupported(request)
 
 
-@router.get("/captioners", responses=COMMON_ERRORS)
-async def list_captioners(svc: Service) -> dict:
+@router.get("/captioners", response_model=CaptionersResponse, responses=COMMON_ERRORS)
+async def list_captioners(svc: Service) -> CaptionersResponse:
     """The served captioners: ``ready`` (name → training summary) and ``down`` (name → why)."""
-    return {"ready": {n: e.info for n, e in svc.captioners.entries.items()},
-            "down": {n: redact_paths(why) for n, why in svc.captioners.failed.items()}}
+    return CaptionersResponse.model_validate(svc.captioners.status(), from_attributes=True)
 
 
 @router.post("/caption", response_model=CaptionResponse, responses=CAPTION_ERRORS,
@@ -93,7 +93,7 @@ def caption(q: Annotated[CaptionQuery, Depends(caption_query)], svc: Service) ->
     multipart/form-data with ``file`` — with CIDEr-D against the image's references (dataset images)
     and the image's rank for the caption under each retrieval model (self-retrieval)."""
     out = svc.caption_image(image_id=q.image_id, image_bytes=q.data, captioners=q.captioners, beam=q.beam)
-    return json_model(CaptionResponse(**out))
+    return json_model(CaptionResponse.model_validate(out, from_attributes=True))
 
 
 @router.post("/caption/check", response_model=CaptionCheckResponse, responses=CAPTION_ERRORS,
@@ -102,4 +102,5 @@ def check(q: Annotated[CaptionQuery, Depends(check_query)], svc: Service) -> Res
     """How discriminative a caption is: the image's rank for it under each retrieval model (and its
     CIDEr-D against the references, for a dataset image). JSON ``{"image_id": 42, "caption": "…"}`` or
     multipart/form-data with ``file`` and ``caption``."""
-    return json_model(CaptionCheckResponse(**svc.check_caption(q.caption, image_id=q.image_id, image_bytes=q.data)))
+    out = svc.check_caption(q.caption, image_id=q.image_id, image_bytes=q.data)
+    return json_model(CaptionCheckResponse.model_validate(out, from_attributes=True))

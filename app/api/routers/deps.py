@@ -1,4 +1,4 @@
-"""What every router shares: dependencies (the service and settings from ``app.state``; tests swap
+"""What every router shares: dependencies (the services and settings from ``app.state``; tests swap
 them with ``app.dependency_overrides``), the documented error answers, and URL builders.
 
 The dependencies are ``async def`` on purpose: they only read ``app.state``, and a plain ``def``
@@ -15,11 +15,15 @@ from pydantic import BaseModel
 
 from app.api.schemas import ErrorResponse
 from app.api.settings import Settings
-from search import SearchService
+from search import CaptionService, SearchService
 
 
 async def get_service(request: Request) -> SearchService:
     return request.app.state.service
+
+
+async def get_captions(request: Request) -> CaptionService:
+    return request.app.state.captions
 
 
 async def get_settings(request: Request) -> Settings:

@@ -6,20 +6,26 @@ encodes and scores in the thread pool).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.routers.bodies import body_doc, json_body, media_type, unsupported, upload_form, validate
+from app.api.routers.bodies import (
+    EXPLAIN_UPLOAD_FORM,
+    body_doc,
+    json_body,
+    media_type,
+    unsupported,
+    upload_form,
+    validate,
+)
 from app.api.routers.deps import COMMON_ERRORS, errors, get_service, get_settings, image_url, json_model, thumbnail_url
 from app.api.schemas import (
-    EXPLAIN_UPLOAD_FORM,
     ExplainRequest,
     ExplainResponse,
     ItemId,
-    ModelExplanation,
     ModelName,
     QueryText,
 )
@@ -68,10 +74,10 @@ def explain(q: Annotated[ExplainQuery, Depends(explain_query)], svc: Service) ->
     or ``{"caption_id": 42, "models": [...]}`` (the caption's own image unless ``image_id`` says otherwise);
     or multipart/form-data with ``file``, ``models`` (repeated) and ``query`` or ``caption_id``. A query
     needs two to 64 words."""
-    ex = svc.explain(q.models, query=q.query, caption_id=q.caption_id, image_id=q.image_id, image_bytes=q.data)
-    iid, first = ex.image_id, q.models[0]
-    return json_model(ExplainResponse(
-        text=ex.text, caption_id=ex.caption_id, image_id=iid, upload=ex.upload,
-        image_url=None if iid is None else image_url(iid, first),
-        thumbnail_url=None if iid is None else thumbnail_url(iid, first),
-        results=[ModelExplanation.model_validate(asdict(m)) for m in ex.models], summary=ex.summary))
+    ex = svc.explainer.explain(q.models, query=q.query, caption_id=q.caption_id, image_id=q.image_id, image_bytes=q.data)
+    answer = ExplainResponse.model_validate(ex, from_attributes=True)
+    if ex.image_id is not None:  # the one thing the API adds: where the image is
+        first = q.models[0]
+        answer = answer.model_copy(update={"image_url": image_url(ex.image_id, first),
+                                           "thumbnail_url": thumbnail_url(ex.image_id, first)})
+    return json_model(answer)

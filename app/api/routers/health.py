@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 
 from app.api.routers.deps import COMMON_ERRORS, errors, get_service
 from app.api.schemas import HealthResponse, ModelInfo
-from search import SearchService, redact_paths
+from search import SearchService
 
 router = APIRouter(prefix="/api", tags=["service"])
 Service = Annotated[SearchService, Depends(get_service)]
@@ -20,20 +20,17 @@ async def health(svc: Service) -> JSONResponse:
     """200 ``ok`` once every model is loaded, 200 ``degraded`` when some serve and others could not be
     loaded (``down`` says which and why); 503 ``loading`` before, 503 ``error`` when none could be loaded.
     Open without a token (load balancers): the reasons name files, never the server's folders."""
-    status = svc.status
-    body = HealthResponse(status=status, models=svc.names, loaded=[n for n in svc.names if n in svc.entries],
-                          down={n: redact_paths(why) for n, why in svc.failed.items()},
-                          detail=svc.load_error and redact_paths(svc.load_error), loaded_at=svc.loaded_at)
-    return JSONResponse(body.model_dump(), status_code=200 if status in ("ok", "degraded") else 503,
+    body = HealthResponse.model_validate(svc.registry.health(), from_attributes=True)
+    return JSONResponse(body.model_dump(), status_code=200 if body.status in ("ok", "degraded") else 503,
                         headers={"Cache-Control": "no-store"})
 
 
 @router.get("/models", response_model=list[ModelInfo], responses=COMMON_ERRORS)
 async def list_models(svc: Service) -> list[ModelInfo]:
     """Every loaded model: dataset, split, counts, embedding size, evaluation summary, manifest."""
-    return [ModelInfo(**svc.model_info(n)) for n in svc.names]
+    return [ModelInfo.model_validate(svc.model_info(n), from_attributes=True) for n in svc.registry.names]
 
 
 @router.get("/models/{name}", response_model=ModelInfo, responses={**COMMON_ERRORS, **errors(404)})
 async def get_model(name: Annotated[str, Path(min_length=1, max_length=100)], svc: Service) -> ModelInfo:
-    return ModelInfo(**svc.model_info(name))
+    return ModelInfo.model_validate(svc.model_info(name), from_attributes=True)

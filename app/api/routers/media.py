@@ -22,7 +22,7 @@ from app.api.routers.deps import (
 )
 from app.api.schemas import MAX_ID, CaptionInfo
 from app.api.settings import Settings
-from search import NotFound, SearchService
+from search import DatasetCaption, NotFound, SearchService
 
 router = APIRouter(prefix="/api", tags=["dataset"])
 Service = Annotated[SearchService, Depends(get_service)]
@@ -71,10 +71,9 @@ def get_thumbnail(image_id: ImageIdPath, svc: Service, settings: Config,
     return Response(svc.thumbnail(image_id, size, model), media_type="image/jpeg", headers=_cache_headers(settings))
 
 
-def _caption_info(svc: SearchService, name: str, caption_id: int) -> CaptionInfo:
-    c = svc.caption(name, caption_id)
-    img = c["image_id"]
-    return CaptionInfo(id=c["id"], model=name, text=c["text"], image_id=img,
+def _caption_info(name: str, c: DatasetCaption) -> CaptionInfo:
+    img = c.image_id
+    return CaptionInfo(id=c.id, model=name, text=c.text, image_id=img,
                        image_url=None if img is None else image_url(img, name),
                        thumbnail_url=None if img is None else thumbnail_url(img, name))
 
@@ -84,11 +83,11 @@ async def get_caption(caption_id: Annotated[int, Path(ge=0, le=MAX_ID, descripti
                       svc: Service, model: ModelQuery = None) -> CaptionInfo:  # type: ignore[assignment]
     """A dataset caption and the image it describes (searched in every model's index unless ``model``)."""
     if model is not None:
-        return _caption_info(svc, model, caption_id)
-    svc.get(None)  # 503 while nothing is loaded yet
-    for name in list(svc.entries):
+        return _caption_info(model, svc.caption(model, caption_id))
+    svc.registry.get(None)  # 503 while nothing is loaded yet
+    for name in list(svc.registry.entries):
         try:
-            return _caption_info(svc, name, caption_id)
+            return _caption_info(name, svc.caption(name, caption_id))
         except NotFound:
             continue
     raise NotFound(f"caption id {caption_id} is not in any loaded index")
@@ -100,5 +99,5 @@ def examples(svc: Service, model: ModelQuery = None,  # type: ignore[assignment]
                    seed: Annotated[int, Query(ge=0, le=2**32 - 1)] = 0) -> list[CaptionInfo]:
     """``n`` dataset captions drawn at random (reproducible by ``seed``): example queries for UIs. Without
     ``model``, from the first model whose index has ground truth (a dataset split, not a corpus)."""
-    name = model or svc.default_name_with_ground_truth
-    return [_caption_info(svc, name, c["id"]) for c in svc.sample_captions(name, n, seed)]
+    name = model or svc.registry.default_name_with_ground_truth
+    return [_caption_info(name, c) for c in svc.sample_captions(name, n, seed)]

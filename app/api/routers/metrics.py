@@ -12,12 +12,13 @@ router = APIRouter(tags=["ops"])
 
 
 def register_service_collectors(registry: Registry, svc: SearchService) -> None:
+    models = svc.registry
     registry.add_collector("models_loaded", "gauge", "Models loaded and serving.",
-                           lambda: [({}, len(svc.entries) if svc.ready.is_set() else 0)])
-    registry.add_collector("ready", "gauge", "1 when every model is loaded.", lambda: [({}, int(svc.ready.is_set()))])
+                           lambda: [({}, len(models.entries) if models.ready.is_set() else 0)])
+    registry.add_collector("ready", "gauge", "1 when every model is loaded.", lambda: [({}, int(models.ready.is_set()))])
 
     def cache(key: str):
-        return lambda: [({}, svc.text_cache_info()[key])]
+        return lambda: [({}, svc.encoder.info()[key])]
 
     registry.add_collector("text_cache_hits_total", "counter", "Query embeddings served from the cache.", cache("hits"))
     registry.add_collector("text_cache_misses_total", "counter", "Query embeddings computed.", cache("misses"))

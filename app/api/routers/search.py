@@ -13,7 +13,16 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.routers.bodies import body_doc, json_body, media_type, unsupported, upload_form, validate
+from app.api.routers.bodies import (
+    COMPARE_UPLOAD_FORM,
+    IMAGE_UPLOAD_FORM,
+    body_doc,
+    json_body,
+    media_type,
+    unsupported,
+    upload_form,
+    validate,
+)
 from app.api.routers.deps import (
     COMMON_ERRORS,
     errors,
@@ -24,8 +33,6 @@ from app.api.routers.deps import (
     thumbnail_url,
 )
 from app.api.schemas import (
-    COMPARE_UPLOAD_FORM,
-    IMAGE_UPLOAD_FORM,
     CompareRequest,
     CompareResponse,
     ImageSearchRequest,
@@ -45,25 +52,16 @@ UPLOAD_ERRORS = {**SEARCH_ERRORS, **errors(415)}
 
 
 # ---- answers ---------------------------------------------------------------------------------------
-# Plain dicts in the shape of the response models (TextSearchResponse, ImageSearchResponse), serialised
-# once by orjson: the service's dataclasses are already typed, and building ~25 pydantic models per
-# answer to validate them again cost more CPU than parsing the request and writing the HTTP response
-# together (BENCHMARKS.md, "REST API load"). tests/test_api.py checks the dicts against the models.
-def _metrics(m: dict | None) -> dict | None:
-    if not m:
-        return None
-    return {"first_gt_rank": m["first_gt_rank"], "k": m["k"], "precision_at_k": m["p@k"], "ndcg_at_k": m["ndcg@k"],
-            "ndcg_relevance": m["ndcg_relevance"]}
-
-
-def _query(q: dict) -> dict:
-    return {"text": q.get("text"), "caption_id": q.get("caption_id"), "image_id": q.get("image_id"),
-            "filename": q.get("filename"), "upload": bool(q.get("upload", False))}
-
-
+# Plain data in the shape of the response models (TextSearchResponse, ImageSearchResponse), serialised
+# once by orjson: the service's results (search/results.py) are already typed, and building ~25
+# pydantic models per answer to validate them again cost more CPU than parsing the request and writing
+# the HTTP response together (BENCHMARKS.md, "REST API load"). Their field names are the API's, so
+# ``query`` and ``metrics`` go to orjson as the dataclasses they are (orjson writes dataclasses
+# natively); each hit is a dict because it gains the API's URLs. tests/test_api.py checks the answers
+# against the models.
 def _answer(r: SearchResult, k: int, hits: list[dict]) -> dict:
-    return {"direction": r.direction, "model": r.model, "k": k, "query": _query(r.query), "took_ms": round(r.took_ms, 3),
-            "ground_truth_ids": r.ground_truth_ids, "metrics": _metrics(r.metrics), "results": hits}
+    return {"direction": r.direction, "model": r.model, "k": k, "query": r.query, "took_ms": round(r.took_ms, 3),
+            "ground_truth_ids": r.ground_truth_ids, "metrics": r.metrics, "results": hits}
 
 
 def text_answer(r: SearchResult, k: int) -> dict:
@@ -151,7 +149,7 @@ def search_text(req: TextSearchRequest, svc: Service) -> Response:
     """Text → images: ``{"query": "a dog on grass", "model": "ltd", "k": 10}``, or ``caption_id`` for a
     dataset caption (then each hit says whether it is the caption's own image, and ``metrics`` has the
     rank of that image, P@k and nDCG@k)."""
-    name = req.model or svc.default_name
+    name = req.model or svc.registry.default_name
     r = svc.search_text(name, query=req.query, caption_id=req.caption_id, k=req.k)
     return json_response(text_answer(r, req.k))
 
@@ -162,7 +160,7 @@ def search_image(q: Annotated[ImageQuery, Depends(image_query)], svc: Service) -
     """Image → captions. JSON ``{"image_id": 42, "model": "bl", "k": 10}`` for a dataset image (ground
     truth and metrics attached), or multipart/form-data with ``file`` (≤ 10 MB; JPEG, PNG, WebP, BMP,
     GIF or TIFF) and optional ``model`` and ``k`` fields."""
-    name = q.model or svc.default_name
+    name = q.model or svc.registry.default_name
     r = svc.search_image(name, image_id=q.image_id, image_bytes=q.data, k=q.k)
     return json_response(image_answer(r, q.k))
 

@@ -1,0 +1,100 @@
+"""Captioners by name (``ltd serve --captioner NAME=CKPT``), loaded through the project's one safe
+checkpoint loader; a broken one is reported, the others serve. The captioning twin of
+search/registry.py; what is done with them is search/captioning.py's ``CaptionService``.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from search.errors import NotFound, NotReady, redact_paths
+from search.registry import warm_up
+from search.results import CaptionerInfo, CaptionersStatus
+from training.fsio import sha256_file
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CaptionerEntry:
+    name: str
+    model: torch.nn.Module
+    vocab: object  # training.captioning.vocab.CaptionVocab
+    backbone: torch.nn.Module  # EfficientNet-Lite0 grid features at the captioner's input size
+    checkpoint: Path
+    sha256: str
+    info: CaptionerInfo
+
+    @torch.inference_mode()
+    def caption(self, img: Image.Image, beam: int) -> str:
+        from training.captioning.inference import decode_regions
+        from training.models.backbones import grid_regions
+
+        x = self.backbone.preprocess(img, 1)[None]
+        ids = decode_regions(self.model, grid_regions(self.backbone.extract(x)), self.vocab, beam=beam)
+        return self.vocab.decode_batch(ids)[0]
+
+
+class CaptionerRegistry:
+    """The served captioners by name; a broken one is recorded in ``failed`` with the reason."""
+
+    def __init__(self, specs: dict[str, str | Path] | None = None, device: str = "cpu"):
+        self.specs = {n: Path(p) for n, p in (specs or {}).items()}
+        self.device = device
+        self.entries: dict[str, CaptionerEntry] = {}
+        self.failed: dict[str, str] = {}
+        self._backbones: dict[int, torch.nn.Module] = {}
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.specs)
+
+    def load(self) -> None:
+        """Load every captioner (in the models' loading thread: see ``ModelRegistry.load_with_models``)."""
+        for name, path in self.specs.items():
+            try:
+                self.entries[name] = self._load_one(name, path)
+                log.info("captioner %s ready: %s", name, path)
+            except Exception as e:  # a broken captioner must not take the retrieval models down
+                self.failed[name] = str(e) if isinstance(e, (ValueError, OSError)) else f"{type(e).__name__}: {e}"
+                log.error("captioner %s cannot be served: %s", name, self.failed[name])
+
+    def status(self) -> CaptionersStatus:
+        """Ready (name → training summary) and down (name → why, without the server's folders)."""
+        return CaptionersStatus(ready={n: e.info for n, e in self.entries.items()},
+                                down={n: redact_paths(why) for n, why in self.failed.items()})
+
+    def _load_one(self, name: str, path: Path) -> CaptionerEntry:
+        from training.captioning.checkpoint import captioner_from_checkpoint, load_caption_checkpoint
+        from training.models.backbones import EfficientNetLite0
+
+        ckpt = load_caption_checkpoint(path)
+        model, vocab, cfg = captioner_from_checkpoint(ckpt, self.device)
+        size = cfg.data.image_size
+        if size not in self._backbones:
+            self._backbones[size] = EfficientNetLite0("grid", image_size=size).eval()
+            warm_up(self._backbones[size])  # before request threads: see registry.warm_up
+        stage = ckpt.get("stage")
+        judge = (ckpt.get("judge") or {}).get("sha256") if stage == "scst" else None
+        info = CaptionerInfo(stage=stage, alpha=cfg.scst.alpha if stage == "scst" else None,
+                             labelled_fraction=cfg.data.labelled_fraction, judge_sha256=judge,
+                             epoch=ckpt.get("epoch"), val=(ckpt.get("best") or {}).get("value"))
+        return CaptionerEntry(name, model, vocab, self._backbones[size], path.resolve(), sha256_file(path), info)
+
+    def get(self, name: str) -> CaptionerEntry:
+        if name not in self.specs:
+            raise NotFound(f"unknown captioner {name!r}; served captioners: {', '.join(self.names) or 'none'}")
+        if name in self.failed:
+            raise NotReady(f"captioner {name} is down: {redact_paths(self.failed[name])}")
+        if name not in self.entries:
+            raise NotReady("captioners are still loading")
+        return self.entries[name]
+
+    @property
+    def min_side(self) -> int:
+        """The largest input side any captioner needs (uploads decode at least at twice that)."""
+        return max((e.backbone.preprocess.resize for e in self.entries.values()), default=224)
