@@ -58,6 +58,7 @@ def server_args(models: list[str], args) -> list[str]:
            "--log-level", "warning"]
     if args.quantize_text:
         cmd.append("--quantize-text")
+    cmd += ["--text-runtime", args.text_runtime]
     for m in models:
         cmd += ["--model", m]
     if args.cache == "off":
@@ -77,6 +78,12 @@ def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return r.status, r.read()
     finally:
         c.close()
+
+
+def runtime_of(metrics: str, model: str) -> str:
+    """The server's query runtime for ``model``, from its ``ltd_text_runtime_info`` sample."""
+    m = re.search(r'ltd_text_runtime_info\{model="' + re.escape(model) + r'",runtime="([^"]*)",precision="([^"]*)"\}', metrics)
+    return f"{m.group(1)} ({m.group(2)})" if m else "unknown"
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -101,7 +108,8 @@ class InProcess:
 
         settings = Settings(models=index_dirs, ui=False, torch_threads=0,
                             text_cache=0 if args.cache == "off" else Settings().text_cache,
-                            text_batching=args.batching == "on", text_quantize=args.quantize_text)
+                            text_batching=args.batching == "on", text_quantize=args.quantize_text,
+                            text_runtime=args.text_runtime)
         apply_thread_settings(settings)
         self.svc, self.model, self.k, self.concurrency = settings.search_service(), model, k, args.concurrency
         self.svc.registry.load()
@@ -112,6 +120,8 @@ class InProcess:
         return (time.perf_counter() - t0) * 1000
 
     def sequential(self, queries: list[str]) -> dict:
+        """One query at a time. The rounds' queries again: with the query cache off nothing remembers them
+        (served queries no longer enter the model's frozen-tower memory), so each is encoded afresh."""
         self.svc.encoder.clear()
         return summary(np.array([self.one(q) for q in queries]), 1.0)
 
@@ -216,7 +226,7 @@ def render(r: dict) -> str:
         f"Server: `ltd serve` (uvicorn{' + uvloop' if r['uvloop'] else ''}{' + httptools' if r['httptools'] else ''}, "
         f"{r['workers']} worker process(es), no UI, torch threads "
         f"{r['torch_threads'] or 'default'}, text batching {r['batching']}, query-embedding cache {r['cache']}"
-        f"{', int8 query encoder' if r['quantize'] else ''}), model "
+        f"{', int8 query encoder' if r['quantize'] else ''}, queries encoded by {r['runtime']}), model "
         f"`{r['model']}` from `{r['index']}` ({r['n_images']:,} images); ready {r['startup_s']:.1f} s after start. "
         f"Load: {a['requests']:,} `POST /api/search/text` (k = {r['k']}) at concurrency {r['concurrency']} from a second "
         f"process ({r['client']} client, keep-alive), after {r['warmup']} warm-up requests; queries drawn with "
@@ -239,7 +249,7 @@ def write_section(text: str) -> None:
     replace_section(SECTION, text, BENCHMARKS)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", action="append", required=True, metavar="NAME=INDEX_DIR", help="as for ltd serve")
     p.add_argument("--target", help="model to query (default: the last --model)")
@@ -252,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batching", choices=("on", "off"), default="on", help="server's text micro-batching")
     p.add_argument("--torch-threads", type=int, default=0, help="server's intra-op torch threads (0 = torch default)")
     p.add_argument("--quantize-text", action="store_true", help="server encodes queries with an int8 text encoder")
+    p.add_argument("--text-runtime", default="auto", help="as for ltd serve (default auto)")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--client", choices=("raw", "httpx"), default="raw")
     p.add_argument("--seed", type=int, default=0)
@@ -264,13 +275,18 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.profile and not _profile.available():
         p.error("--profile needs py-spy on PATH (pip install py-spy)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
 
     from app.cli.serve import parse_models
 
     index_dirs, _ = parse_models(args.model)
     target = args.target or list(index_dirs)[-1]
     if target not in index_dirs:
-        p.error(f"--target {target} is not one of the --model names")
+        raise SystemExit(f"--target {target} is not one of the --model names")
     manifest = json.loads((Path(index_dirs[target]) / "manifest.json").read_text())
     texts = json.loads((Path(index_dirs[target]) / manifest["files"]["captions.json"]["file"]).read_text())["texts"]
     n_images = manifest["counts"]["images"]
@@ -299,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             if spy is not None:
                 _profile.finish(spy)
         after = scrape(port)
+        after_text = http_get(port, "/metrics")[1].decode()
     finally:
         _server.stop(proc)
     if args.profile:
@@ -310,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
               "command": "python bench/api_load.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "workers": args.workers, "torch_threads": args.torch_threads, "batching": args.batching,
               "quantize": args.quantize_text, "rounds": args.rounds, **loop_and_parser(),
+              "runtime": runtime_of(after_text, target),
               "cache": args.cache, "model": target, "index": index_dirs[target], "n_images": n_images,
               "startup_s": startup, "k": args.k, "concurrency": args.concurrency, "client": args.client,
               "warmup": len(warm), "n_texts": len(texts), "unique": len(set(queries[: api["requests"]]))}

@@ -6,6 +6,7 @@ Everything here is safe to call from many request threads at once.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import unicodedata
 import warnings
@@ -18,7 +19,10 @@ import torch
 
 from search.errors import BadRequest, NotReady
 from search.registry import ModelEntry
-from training.models.text_encoder import move_batch
+from training.models.text_encoder import SBERTTextEncoder, move_batch
+from training.models.text_runtimes import SentenceRuntime
+
+log = logging.getLogger(__name__)
 
 
 def clean_query(text: str, max_chars: int) -> str:
@@ -101,20 +105,52 @@ def quantized(text: torch.nn.Module) -> torch.nn.Module:
         return torch.ao.quantization.quantize_dynamic(text, {torch.nn.GRU, torch.nn.Linear}, dtype=torch.qint8)
 
 
+class FrozenTowerQueries:
+    """A model's frozen sentence-transformers tower run by a :class:`SentenceRuntime`, then the model's own
+    trained head: ``prepare``/``__call__`` as a text encoder. Queries are not remembered by the model
+    (``SBERTTextEncoder.prepare`` would keep every one): the service's LRU is the only query cache."""
+
+    def __init__(self, text: torch.nn.Module, runtime: SentenceRuntime):
+        self.text, self.runtime = text, runtime
+
+    def prepare(self, texts: list[str]) -> dict:
+        return {"sentence_embedding": self.runtime(texts)}
+
+    def __call__(self, batch: dict) -> torch.Tensor:
+        return self.text(batch)
+
+
+def query_encoder(text: torch.nn.Module, runtime: str, quantize: bool) -> tuple[object, dict[str, str]]:
+    """(encoder for queries, what runs it: runtime, precision, why) for a model's text encoder."""
+    if quantize:
+        text = quantized(text)
+    if isinstance(text, SBERTTextEncoder) and text.frozen:
+        rt = SentenceRuntime(text.st, "torch" if quantize else runtime)
+        info = {"runtime": rt.name, "precision": "int8" if quantize else rt.precision, "why": rt.why}
+        return FrozenTowerQueries(text, rt), info
+    return text, {"runtime": "torch", "precision": "int8" if quantize else "model's",
+                  "why": "only a frozen sentence-transformers tower runs elsewhere"}
+
+
 class QueryEncoder:
     """Embeds cleaned query texts for every served model: cache first, then the model's batcher (or a
     direct encoder call). ``attach(entry)`` prepares a model once it is loaded."""
 
-    def __init__(self, *, cache_size: int = 4096, batching: bool = True, max_batch: int = 64, quantize: bool = False):
+    def __init__(self, *, cache_size: int = 4096, batching: bool = True, max_batch: int = 64, quantize: bool = False,
+                 runtime: str = "auto"):
         self.cache_size, self.batching, self.max_batch, self.quantize = cache_size, batching, max_batch, quantize
-        self._encoders: dict[str, torch.nn.Module] = {}
+        self.runtime = runtime
+        self.runtimes: dict[str, dict[str, str]] = {}  # model → what encodes its queries (/metrics, the logs)
+        self._encoders: dict[str, object] = {}
         self._batchers: dict[str, TextBatcher] = {}
         self._cache: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
     def attach(self, entry: ModelEntry) -> None:
-        self._encoders[entry.name] = quantized(entry.model.text) if self.quantize else entry.model.text
+        self._encoders[entry.name], self.runtimes[entry.name] = query_encoder(entry.model.text, self.runtime, self.quantize)
+        r = self.runtimes[entry.name]
+        log.info("model %s: queries encoded by %s (%s; %s)", entry.name, r["runtime"], r["precision"], r["why"])
         if self.batching:
             self._batchers[entry.name] = TextBatcher(lambda texts, e=entry: self.encode_batch(e, texts),
                                                      max_batch=self.max_batch, name=entry.name)
@@ -154,8 +190,8 @@ class QueryEncoder:
     def info(self) -> dict:
         b = list(self._batchers.values())
         return {"capacity": self.cache_size, "size": len(self._cache), "hits": self.hits, "misses": self.misses,
-                "batching": self.batching, "encoder_calls": sum(x.calls for x in b),
-                "encoded_queries": sum(x.items for x in b)}
+                "batching": self.batching, "runtimes": {k: dict(v) for k, v in self.runtimes.items()},
+                "encoder_calls": sum(x.calls for x in b), "encoded_queries": sum(x.items for x in b)}
 
     def clear(self) -> None:
         with self._lock:

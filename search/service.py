@@ -27,7 +27,7 @@ from search.media import Thumbnails, UploadDecoder
 from search.ranking import Query, compare_results, rank
 from search.registry import ModelEntry, ModelRegistry, public_manifest
 from search.results import CompareResult, DatasetCaption, ModelInfo, QueryInfo, SearchResult
-from training.choices import VerifyIndex
+from training.choices import TextRuntime, VerifyIndex
 from training.config_base import Section
 from training.packaged_models import saw_caption_corpora
 
@@ -54,6 +54,9 @@ class SearchConfig(Section):
     # Linear layers): ~2.5x faster on CPU, query embeddings within cosine 0.9999 of the float model,
     # but no longer bit-identical to what `ltd eval` scored. Index embeddings are unchanged.
     text_quantize: bool = False
+    # Engine of a frozen sentence-transformers query tower (training/models/text_runtimes.py): "auto"
+    # picks the fastest installed one by measurement; other text encoders always run in torch.
+    text_runtime: TextRuntime = "auto"
     # Index check at load: "hash" (sha256 of every data file, default) or "counts" (sizes and counts only,
     # for very large indexes; logged).
     verify_index: VerifyIndex = "hash"
@@ -62,6 +65,8 @@ class SearchConfig(Section):
     def _quantize_on_cpu(self) -> SearchConfig:
         if self.text_quantize and self.device != "cpu":
             raise ValueError("text_quantize (int8 dynamic quantisation) runs on the CPU only")
+        if self.text_quantize and self.text_runtime not in ("auto", "torch"):
+            raise ValueError(f"text_quantize is a torch path: it cannot be combined with text_runtime={self.text_runtime}")
         return self
 
 
@@ -70,7 +75,8 @@ class SearchService:
                  config: SearchConfig | None = None):
         self.config = config = config or SearchConfig()
         self.encoder = QueryEncoder(cache_size=config.text_cache, batching=config.text_batching,
-                                    max_batch=config.max_text_batch, quantize=config.text_quantize)
+                                    max_batch=config.max_text_batch, quantize=config.text_quantize,
+                                    runtime=config.text_runtime)
         self.registry = ModelRegistry(models, checkpoints=checkpoints, device=config.device,
                                       verify=config.verify_index, on_loaded=self.encoder.attach)
         self.uploads = UploadDecoder(max_pixels=config.max_upload_pixels, max_concurrent=config.max_concurrent_decodes)

@@ -388,6 +388,8 @@ def test_metrics_exposition(client):
     assert 'ltd_http_requests_total{method="GET",route="/openapi.json",status="200"}' in text
     assert 'ltd_http_request_duration_seconds_bucket{method="POST",route="/api/search/text",le="+Inf"}' in text
     assert "ltd_http_request_duration_seconds_count" in text and "ltd_text_cache_hits_total" in text
+    # the tiny models' GRU caption encoders run in torch; the metric says so per model
+    assert 'ltd_text_runtime_info{model="ltd",runtime="torch",precision="model\'s"} 1' in text
     for line in text.splitlines():  # every sample line is "name{labels} number"
         if line and not line.startswith("#"):
             float(line.rsplit(" ", 1)[1])

@@ -42,6 +42,7 @@ ScstBaseline = Literal["greedy", "mean"]
 
 # ---- serving ----
 VerifyIndex = Literal["hash", "counts"]
+TextRuntime = Literal["auto", "torch", "onnxruntime", "openvino"]  # a frozen sentence-transformers query tower
 
 
 def names(choice: Any) -> tuple:

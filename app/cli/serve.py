@@ -15,6 +15,7 @@ import socket
 import threading
 from pathlib import Path
 
+from training.choices import TextRuntime, names
 from training.errors import UserFileNotFound, UserValueError
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--no-batching", action="store_true", help="encode each text query on its own request thread")
     p.add_argument("--quantize-text", action="store_true",
                    help="encode queries with an int8 copy of the text encoder (~2.5x faster on CPU, approximate)")
+    p.add_argument("--text-runtime", choices=names(TextRuntime), default=None,
+                   help="engine of a frozen sentence-transformers query encoder (default auto: OpenVINO on a CPU "
+                        "with native bf16, else ONNX Runtime, else torch; other encoders run in torch)")
     p.add_argument("--verify-index", choices=("hash", "counts"), default="hash",
                    help="check index data files by sha256 (default) or only by size and counts (huge indexes)")
     p.add_argument("--access-log", action="store_true", help="log every request (off by default: /metrics counts them)")
@@ -272,6 +276,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["text_batching"] = False
     if args.quantize_text:
         overrides["text_quantize"] = True
+    if args.text_runtime:
+        overrides["text_runtime"] = args.text_runtime
     settings = load_settings(**overrides)  # LTD_* environment variables fill in the rest
     if not settings.models:
         raise UserValueError("no models: give --model NAME=INDEX_DIR (repeatable), or set LTD_MODELS")

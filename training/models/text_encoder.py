@@ -17,6 +17,7 @@ from training.data.karpathy import tokenize
 from training.data.vocab import Vocab, pad_batch
 from training.errors import UserValueError
 from training.models.heads import ProjectionHead
+from training.models.text_runtimes import torch_sentence_embeddings
 
 MEMORY_MAX = 500_000  # frozen sentence embeddings kept in memory (a long-running server must not grow without bound)
 CORPUS_MIN = 512      # embed_corpus: fewer new texts than this stay in memory only
@@ -118,15 +119,9 @@ class SBERTTextEncoder(nn.Module):
 
     @torch.no_grad()
     def _frozen_embeddings(self, texts: Sequence[str]) -> torch.Tensor:
-        from training.models.backbones import cpu_bf16_fast
-
         missing = list(dict.fromkeys(t for t in texts if t not in self._memory))
         if missing:
-            dev = next(self.st.parameters()).device
-            ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if dev.type == "cpu" and cpu_bf16_fast()
-                   else torch.autocast(dev.type, enabled=False))
-            with ctx:
-                emb = self.st.encode(missing, batch_size=64, convert_to_tensor=True, show_progress_bar=False).float().cpu()
+            emb = torch_sentence_embeddings(self.st, missing)
             new = dict(zip(missing, emb))
             out = torch.stack([new[t] if t in new else self._memory[t] for t in texts])
             self.remember(missing, emb)  # may clear the memory first: `out` is already built

@@ -26,6 +26,9 @@ def register_service_collectors(registry: Registry, svc: SearchService) -> None:
                            cache("encoder_calls"))
     registry.add_collector("text_encoder_queries_total", "counter", "Queries encoded by batched calls "
                            "(queries / calls = mean batch size).", cache("encoded_queries"))
+    registry.add_collector("text_runtime_info", "gauge", "What encodes each model's text queries (always 1).",
+                           lambda: [({"model": m, "runtime": r["runtime"], "precision": r["precision"]}, 1)
+                                    for m, r in svc.encoder.info()["runtimes"].items()])
 
 
 @router.get("/metrics", response_class=PlainTextResponse,

@@ -1,0 +1,119 @@
+"""Query encoder runtimes for a frozen sentence-transformers tower (training/models/text_runtimes.py):
+the same embeddings as the torch reference, exported once, refused where they cannot run, and a
+served model's queries are not remembered by the model (only the service's LRU caches them)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from search.encoding import QueryEncoder
+from training.models import text_runtimes as tr
+from training.models.runtimes import RuntimeUnavailable, installed
+from training.models.text_encoder import SBERTTextEncoder
+from training.targets import load_sentence_model
+
+TEXTS = ["a dog runs through the tall grass", "two children play on a red slide at the park",
+         "a man in a wetsuit surfs a big wave", "people", "a black and white dog jumps over a log " * 3]
+
+
+@pytest.fixture(scope="module")
+def st():
+    return load_sentence_model("").eval()  # the packaged all-MiniLM-L6-v2
+
+
+def fp32_reference(st, texts) -> torch.Tensor:
+    with torch.no_grad():
+        return st.encode(texts, convert_to_tensor=True, show_progress_bar=False).float()
+
+
+def cosines(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
+    return torch.nn.functional.cosine_similarity(a, b).numpy()
+
+
+@pytest.mark.parametrize("name", ["onnxruntime", "openvino"])
+def test_fp32_runtimes_give_the_torch_embeddings(st, name, tmp_path, monkeypatch):
+    if not installed(name):
+        pytest.skip(f"{name} not installed")
+    monkeypatch.setattr(tr, "cpu_bf16_fast", lambda: False)  # fp32 everywhere: compare at fp32 precision
+    rt = tr.SentenceRuntime(st, name, cache_dir=tmp_path)
+    assert rt.name == name and rt.precision == "fp32"
+    got = rt(TEXTS)
+    assert got.shape == (len(TEXTS), 384) and got.dtype == torch.float32
+    assert cosines(got, fp32_reference(st, TEXTS)).min() >= 0.99999
+    assert torch.allclose(got.norm(dim=-1), torch.ones(len(TEXTS)), atol=1e-5)  # the model's Normalize
+
+
+def test_openvino_bf16_is_as_close_as_torchs_bf16_path(st, tmp_path):
+    if not (installed("openvino") and tr.cpu_bf16_fast()):
+        pytest.skip("needs OpenVINO and a CPU with native bf16")
+    ref = fp32_reference(st, TEXTS)
+    ov = tr.SentenceRuntime(st, "openvino", cache_dir=tmp_path)
+    assert ov.precision == "bf16"
+    torch_bf16 = tr.torch_sentence_embeddings(st, TEXTS)
+    assert cosines(ov(TEXTS), ref).min() >= 0.999 and cosines(torch_bf16, ref).min() >= 0.999
+
+
+def test_the_graph_is_exported_once_and_whole(st, tmp_path, monkeypatch):
+    if not installed("onnxruntime"):
+        pytest.skip("onnxruntime not installed")
+    path = tr.export_sentence_onnx(st, tmp_path)
+    assert path.parent == tmp_path / "engines" and path.stat().st_size > 1_000_000
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left beside it
+    calls = []
+    monkeypatch.setattr(torch.onnx, "export", lambda *a, **k: calls.append(a))
+    assert tr.export_sentence_onnx(st, tmp_path) == path and tr.SentenceRuntime(st, "onnxruntime", cache_dir=tmp_path)
+    assert calls == []
+
+
+def fake_pipeline(*kinds: str, pooling: str = "mean") -> list:
+    mods = []
+    for k in kinds:
+        attrs = {"pooling_mode": pooling} if k == "Pooling" else {"auto_model": object()} if k == "Transformer" else {}
+        mods.append(type(k, (), attrs)())
+    return mods
+
+
+def test_only_transformer_mean_pooling_pipelines_are_exported():
+    assert tr.exportable(fake_pipeline("Transformer", "Pooling", "Normalize")) is None
+    assert tr.exportable(fake_pipeline("Transformer", "Pooling")) is None
+    assert "cls pooling" in tr.exportable(fake_pipeline("Transformer", "Pooling", pooling="cls"))
+    why = tr.exportable(fake_pipeline("WordEmbeddings", "Pooling"))  # the Flickr-clean glove-mean model
+    assert "WordEmbeddings → Pooling" in why
+
+
+def test_auto_falls_back_to_torch_and_a_named_runtime_is_refused(monkeypatch):
+    glove_like = fake_pipeline("WordEmbeddings", "Pooling")
+    cpu = torch.device("cpu")
+    assert tr.resolve_text_runtime("auto", cpu, glove_like)[0] == "torch"
+    with pytest.raises(RuntimeUnavailable, match="WordEmbeddings"):
+        tr.resolve_text_runtime("openvino", cpu, glove_like)
+    with pytest.raises(RuntimeUnavailable, match="choose one of"):
+        tr.resolve_text_runtime("tensorrt", cpu, glove_like)
+    minilm_like = fake_pipeline("Transformer", "Pooling", "Normalize")
+    assert tr.resolve_text_runtime("auto", torch.device("cuda"), minilm_like) == ("torch", "the model runs on cuda")
+    monkeypatch.setattr(tr, "installed", lambda name: False)
+    assert tr.resolve_text_runtime("auto", cpu, minilm_like)[0] == "torch"
+    with pytest.raises(RuntimeUnavailable, match="not installed"):
+        tr.resolve_text_runtime("onnxruntime", cpu, minilm_like)
+
+
+@pytest.mark.parametrize("runtime", ["torch", "auto"])
+def test_served_queries_match_the_model_and_are_not_remembered_by_it(runtime):
+    """The query path of a frozen-tower model equals the model's own text encoder, and leaves the model's
+    frozen-embedding memory alone: before, every query stayed there, a second cache that `--no-text-cache`
+    did not switch off (bench/api_load.py's sequential row read it)."""
+    torch.manual_seed(0)
+    text = SBERTTextEncoder("", 32, train_layers=0).eval()
+    entry = SimpleNamespace(name="m", model=SimpleNamespace(text=text, device=torch.device("cpu")))
+    enc = QueryEncoder(cache_size=0, batching=False, runtime=runtime)
+    enc.attach(entry)
+    got = torch.from_numpy(np.stack([enc.encode(entry, t) for t in TEXTS] + [enc.encode(entry, TEXTS[0])]))
+    assert text._memory == {}
+    assert enc.info()["runtimes"]["m"]["runtime"] == ("torch" if runtime == "torch" else tr.resolve_text_runtime(
+        "auto", torch.device("cpu"), text.st)[0])
+    with torch.no_grad():
+        ref = text(text.prepare(TEXTS + TEXTS[:1]))
+    assert cosines(got, ref).min() >= 0.999  # bf16-level agreement at worst
