@@ -125,7 +125,7 @@ def query_encoder(text: torch.nn.Module, runtime: str, quantize: bool) -> tuple[
     if quantize:
         text = quantized(text)
     if isinstance(text, SBERTTextEncoder) and text.frozen:
-        rt = SentenceRuntime(text.st, "torch" if quantize else runtime)
+        rt = SentenceRuntime(text.st, "torch", bf16=False) if quantize else SentenceRuntime(text.st, runtime)
         info = {"runtime": rt.name, "precision": "int8" if quantize else rt.precision, "why": rt.why}
         return FrozenTowerQueries(text, rt), info
     return text, {"runtime": "torch", "precision": "int8" if quantize else "model's",

@@ -51,8 +51,9 @@ class SearchConfig(Section):
     text_batching: bool = True
     max_text_batch: int = Field(64, ge=1)
     # Opt-in: encode queries with an int8 dynamically quantised copy of the text encoder (GRU and
-    # Linear layers): ~2.5x faster on CPU, query embeddings within cosine 0.9999 of the float model,
-    # but no longer bit-identical to what `ltd eval` scored. Index embeddings are unchanged.
+    # Linear layers). Approximate: on the Flickr8k demo's frozen MiniLM tower the query embeddings
+    # drift to cosine 0.89 (min) and text→image R-sum drops 7.4 points (BENCHMARKS.md, "Query encoder
+    # runtimes"); `text_runtime` is the faster exact path there. Index embeddings are unchanged.
     text_quantize: bool = False
     # Engine of a frozen sentence-transformers query tower (training/models/text_runtimes.py): "auto"
     # picks the fastest installed one by measurement; other text encoders always run in torch.

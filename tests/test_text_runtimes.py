@@ -100,7 +100,7 @@ def test_auto_falls_back_to_torch_and_a_named_runtime_is_refused(monkeypatch):
         tr.resolve_text_runtime("onnxruntime", cpu, minilm_like)
 
 
-@pytest.mark.parametrize("runtime", ["torch", "auto"])
+@pytest.mark.parametrize("runtime", ["torch", "auto", "int8"])
 def test_served_queries_match_the_model_and_are_not_remembered_by_it(runtime):
     """The query path of a frozen-tower model equals the model's own text encoder, and leaves the model's
     frozen-embedding memory alone: before, every query stayed there, a second cache that `--no-text-cache`
@@ -108,12 +108,14 @@ def test_served_queries_match_the_model_and_are_not_remembered_by_it(runtime):
     torch.manual_seed(0)
     text = SBERTTextEncoder("", 32, train_layers=0).eval()
     entry = SimpleNamespace(name="m", model=SimpleNamespace(text=text, device=torch.device("cpu")))
-    enc = QueryEncoder(cache_size=0, batching=False, runtime=runtime)
+    quantize = runtime == "int8"  # int8 weights cannot take bf16 inputs: that path runs in fp32
+    enc = QueryEncoder(cache_size=0, batching=False, runtime="auto" if quantize else runtime, quantize=quantize)
     enc.attach(entry)
     got = torch.from_numpy(np.stack([enc.encode(entry, t) for t in TEXTS] + [enc.encode(entry, TEXTS[0])]))
     assert text._memory == {}
-    assert enc.info()["runtimes"]["m"]["runtime"] == ("torch" if runtime == "torch" else tr.resolve_text_runtime(
-        "auto", torch.device("cpu"), text.st)[0])
+    auto = tr.resolve_text_runtime("auto", torch.device("cpu"), text.st)[0]
+    assert enc.info()["runtimes"]["m"]["runtime"] == ("torch" if runtime in ("torch", "int8") else auto)
     with torch.no_grad():
         ref = text(text.prepare(TEXTS + TEXTS[:1]))
-    assert cosines(got, ref).min() >= 0.999  # bf16-level agreement at worst
+    # bf16-level agreement at worst; int8 weights are approximate (BENCHMARKS.md, "Query encoder runtimes")
+    assert cosines(got, ref).min() >= (0.8 if quantize else 0.999)

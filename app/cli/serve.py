@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--no-text-cache", action="store_true", help="disable the query-embedding cache")
     p.add_argument("--no-batching", action="store_true", help="encode each text query on its own request thread")
     p.add_argument("--quantize-text", action="store_true",
-                   help="encode queries with an int8 copy of the text encoder (~2.5x faster on CPU, approximate)")
+                   help="encode queries with an int8 copy of the text encoder (approximate: see BENCHMARKS.md)")
     p.add_argument("--text-runtime", choices=names(TextRuntime), default=None,
                    help="engine of a frozen sentence-transformers query encoder (default auto: OpenVINO on a CPU "
                         "with native bf16, else ONNX Runtime, else torch; other encoders run in torch)")

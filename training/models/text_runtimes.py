@@ -157,20 +157,23 @@ class SentenceRuntime:
     Unlike ``SBERTTextEncoder.prepare`` it remembers nothing: a server's query cache is the service's
     bounded LRU, switchable, and counted in /metrics."""
 
-    def __init__(self, st, name: str = "auto", *, cache_dir: str | Path = ""):
+    def __init__(self, st, name: str = "auto", *, cache_dir: str | Path = "", bf16: bool = True):
+        """``bf16=False`` keeps torch's path in fp32 (an int8-quantised tower cannot take bf16 inputs)."""
         self.st = st
         self.device = next(st.parameters()).device
         self.name, self.why = resolve_text_runtime(name, self.device, st)
         self.normalize = type(st[-1]).__name__ == "Normalize"
         self._run: Callable[[dict], np.ndarray] | None = None
+        self.bf16 = False
         if self.name != "torch":
             path = export_sentence_onnx(st, cache_dir)
             threads = max(1, torch.get_num_threads())
-            bf16 = self.name == "openvino" and cpu_bf16_fast()
-            self._run = _onnxruntime(path, threads) if self.name == "onnxruntime" else _openvino(path, threads, bf16)
-            self.precision = "bf16" if bf16 else "fp32"
+            ov_bf16 = self.name == "openvino" and cpu_bf16_fast()
+            self._run = _onnxruntime(path, threads) if self.name == "onnxruntime" else _openvino(path, threads, ov_bf16)
+            self.precision = "bf16" if ov_bf16 else "fp32"
         else:
-            self.precision = "bf16" if self.device.type == "cpu" and cpu_bf16_fast() else "fp32"
+            self.bf16 = bf16 and self.device.type == "cpu" and cpu_bf16_fast()
+            self.precision = "bf16" if self.bf16 else "fp32"
 
     def describe(self) -> str:
         return f"{self.name} ({self.precision}; {self.why})"
@@ -179,17 +182,18 @@ class SentenceRuntime:
     def __call__(self, texts: Sequence[str]) -> torch.Tensor:
         texts = list(texts)
         if self._run is None:
-            return torch_sentence_embeddings(self.st, texts)
+            return torch_sentence_embeddings(self.st, texts, bf16=self.bf16)
         feed = tokens(self.st, texts)
         y = torch.from_numpy(self._run({k: feed[k].numpy().astype(np.int64, copy=False) for k in INPUTS}))
         return nn.functional.normalize(y, dim=-1) if self.normalize else y
 
 
 @torch.no_grad()
-def torch_sentence_embeddings(st, texts: list[str]) -> torch.Tensor:
-    """The reference: ``st.encode`` on its device, bf16 autocast on a CPU with native bf16."""
+def torch_sentence_embeddings(st, texts: list[str], bf16: bool = True) -> torch.Tensor:
+    """The reference: ``st.encode`` on its device, bf16 autocast on a CPU with native bf16 (unless ``bf16``
+    is False)."""
     dev = next(st.parameters()).device
-    ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if dev.type == "cpu" and cpu_bf16_fast()
+    ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if bf16 and dev.type == "cpu" and cpu_bf16_fast()
            else torch.autocast(dev.type, enabled=False))
     with ctx:
         return st.encode(texts, batch_size=64, convert_to_tensor=True, show_progress_bar=False).float().cpu()
