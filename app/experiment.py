@@ -17,14 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 import yaml
 
 from app.experiment_report import REPORT_KEYS, reported_tags, write_results
 from app.experiment_stats import paired_statistics
 from app.grid import Grid, substitute, sweep_label, sweep_sets, value_tag
+from app.pipeline import ensure_evaluated, ensure_indexed, ensure_trained
 from indexer.evaluate import load_report
 from training.config import load_config
 from training.fsio import atomic_write_text
+from training.prepare import resolve_dataset_path
 
 log = logging.getLogger("ltd.experiment")
 
@@ -46,9 +49,6 @@ class Job:
 
 def _run_job(job: Job) -> dict:
     """Train → index (val + eval split, each eval shortcut) → eval. Runs in a worker process."""
-    from app.pipeline import ensure_evaluated, ensure_indexed, ensure_trained
-    from training.prepare import resolve_dataset_path
-
     t0 = time.time()
     cfg = load_config(job.base, job.overrides)
     best = ensure_trained(cfg, Path(job.run_dir), show_progress=False, nproc=job.nproc)
@@ -121,8 +121,6 @@ def _run_all(jobs: list[Job], n_jobs: int, collect: bool = False) -> list[dict]:
 
 
 def _limit_threads(threads: int) -> None:
-    import torch
-
     os.environ["OMP_NUM_THREADS"] = str(threads)  # for anything the worker starts
     torch.set_num_threads(threads)
 
@@ -216,7 +214,6 @@ def run_grid(grid: Grid, out: Path, n_jobs: int = 1, render_only: bool = False, 
 
 
 def machine_description() -> dict:
-    import torch
     cpu = "?"
     try:
         cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))

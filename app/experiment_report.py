@@ -15,6 +15,7 @@ from app.grid import value_tag
 from indexer import metrics
 from training.errors import UserFileNotFound
 from training.fsio import atomic_write_text, write_json_atomic
+from training.plots import plot_runs, plt, save_png
 
 REPORT_KEYS = [*metrics.REPORT_KEYS, metrics.ndcg_key("t2i"), metrics.ndcg_key("i2t")]
 
@@ -95,8 +96,6 @@ def render_results(results: dict) -> str:
 
 def plot_groups(results: dict, out: Path) -> list[Path]:
     """Overlaid training curves: one figure per cell with its seeds, one per sweep with its values."""
-    from training.plots import plot_runs
-
     paths = []
     groups: dict[str, list[Path]] = {}
     for r in results["runs"]:
@@ -114,8 +113,6 @@ def plot_cells(results: dict, path: Path) -> Path | None:
     """``plots/cells.png``: the reported split's rsum and t2i nDCG of every run, one column per cell, one
     colour per seed with a line joining each seed's runs (the seed-matched comparison at a glance), the
     cell's mean as a bar. None when no run has the metrics."""
-    from training.plots import plt, save_png
-
     split, cells = results["eval_split"], list(results["summary"])
     by = {(r["cell"], r["seed"]): r["reports"].get(split, {}) for r in results["runs"]}
     seeds = sorted({s for _, s in by})

@@ -11,12 +11,21 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from app.launch import launch_local
+from indexer.build import build_dataset_index
+from indexer.caption_eval import evaluate_captioner, write_caption_report
+from indexer.evaluate import evaluate_index, load_report, per_query_path, write_report
 from indexer.index import IndexDir, IndexDirError, load_index_dir, read_manifest
 from indexer.metrics import REPORT_KEYS, ndcg_key
+from indexer.validation import make_validator
+from training.captioning.checkpoint import load_caption_checkpoint
+from training.captioning.loop import train_captioner
 from training.checkpoint import load_checkpoint, sha256_file
-from training.config import Config
+from training.config import Config, dump_config
 from training.config_base import ConfigError, load_saved
 from training.errors import UserFileExists
+from training.loop import pick_device, train
+from training.prepare import prepare
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +33,6 @@ log = logging.getLogger(__name__)
 def train_run(cfg, out: Path, *, resume: bool = False, show_progress: bool = True):
     """Prepare data, build the validator from the indexer's metrics, and train. Shared by `ltd train`,
     `ltd demo` and `ltd experiment`."""
-    from indexer.validation import make_validator
-    from training.loop import pick_device, train
-    from training.prepare import prepare
-
     data = prepare(cfg, show_progress=show_progress, device=str(pick_device(cfg.train.device)))
     val_feats = data.image_feats[[im.index for im in data.val.images]].mean(1)
     validator = make_validator(data.val, data.val_texts, val_feats, max_images=cfg.train.val_max_images,
@@ -83,9 +88,6 @@ def ensure_trained(cfg: Config, run_dir: Path, *, show_progress: bool = True, np
 def launch_train_run(cfg: Config, out: Path, *, nproc: int, resume: bool = False, show_progress: bool = True) -> None:
     """``ltd train --nproc N`` of ``cfg`` (the config reaches the processes as a YAML file); raises when a
     process failed, after the launcher stopped the others."""
-    from app.launch import launch_local
-    from training.config import dump_config
-
     with tempfile.TemporaryDirectory(prefix="ltd-launch-") as tmp:
         dump_config(cfg, Path(tmp) / "config.yaml")
         args = ["train", "--config", str(Path(tmp) / "config.yaml"), "--out", str(out)]
@@ -98,8 +100,6 @@ def launch_train_run(cfg: Config, out: Path, *, nproc: int, resume: bool = False
 
 def ensure_indexed(checkpoint: Path, dataset: str | Path, split: str, index_dir: Path, *, shortcuts: str = "none",
                    factory: str = "Flat", show_progress: bool = True) -> IndexDir:
-    from indexer.build import build_dataset_index
-
     sha = sha256_file(checkpoint)
     if (index_dir / "manifest.json").is_file():
         try:
@@ -116,13 +116,6 @@ def ensure_indexed(checkpoint: Path, dataset: str | Path, split: str, index_dir:
 
 
 def ensure_evaluated(ix: IndexDir, *, relevance: str | None = "rougeL", show_progress: bool = True) -> dict:
-    from indexer.evaluate import (
-        evaluate_index,
-        load_report,
-        per_query_path,
-        write_report,
-    )
-
     rep = load_report(ix.path, ix.generation)
     if rep is not None and per_query_path(ix).is_file():
         meta = rep.get("meta", {})
@@ -154,8 +147,6 @@ def comparison_table(reports: dict[str, dict], ndcg_k: int = 25) -> str:
 # ---- captioners (`ltd demo --captioning`) --------------------------------------------------------
 def caption_run_state(cfg, run_dir: Path) -> str:
     """The state of a captioner run (see :func:`_state`): done when its last stage's epochs are finished."""
-    from training.captioning.checkpoint import load_caption_checkpoint
-
     def finished(ckpt: Path) -> bool:
         meta = load_caption_checkpoint(ckpt)
         last = ("scst", cfg.scst.epochs) if cfg.scst.epochs else ("xe", cfg.xe.epochs)
@@ -165,8 +156,6 @@ def caption_run_state(cfg, run_dir: Path) -> str:
 
 def ensure_captioner(cfg, run_dir: Path, *, show_progress: bool = True) -> Path:
     """The captioner run's best.pt, training or resuming only when needed."""
-    from training.captioning.loop import train_captioner
-
     return _ensure(caption_run_state(cfg, run_dir), run_dir, "captioner run",
                    lambda resume: train_captioner(cfg, run_dir, resume=resume, show_progress=show_progress))
 
@@ -175,8 +164,6 @@ def ensure_caption_report(checkpoint: Path, judges: dict[str, Path], out_dir: Pa
                           show_progress: bool = True) -> dict:
     """`ltd caption eval` of ``checkpoint`` with every judge in ``judges``, reused while the captioner
     and the judges are the same files."""
-    from indexer.caption_eval import evaluate_captioner, write_caption_report
-
     want = {"checkpoint": sha256_file(checkpoint)[:16], "judges": {n: sha256_file(p)[:16] for n, p in judges.items()}}
     rp = out_dir / "report.json"
     if rp.is_file():

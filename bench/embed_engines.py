@@ -12,12 +12,15 @@
    draft-mode decoding and one decoding worker (the default before 2026-11-25) for the fastest runtime;
    cosine of every runtime's features to torch's;
 4. caption encoding (bi-GRU at the presets' sizes), to say whether it can keep up with the images.
-With ``--device cuda`` (a GPU machine) the torch runtime is measured on the GPU (fp16 autocast) and
-written to its own section. On a CPU with native bf16 every runtime row is pinned to fp32
-(``LTD_FEATURE_DTYPE=float32``); two more rows measure the bf16 paths against a bf16 matmul ceiling
-(OpenVINO's bf16 kernels, what ``auto`` runs there, and torch's bf16 autocast), and the results go to
-their own section, beside the fp32-only CPU's. ``uptime``'s 1-minute load is recorded next to every
-number.
+With ``--device cuda`` (a GPU machine) the torch runtime is measured on the GPU (fp16 autocast). On a
+CPU with native bf16 every runtime row is pinned to fp32 (``LTD_FEATURE_DTYPE=float32``); two more rows
+measure the bf16 paths against a bf16 matmul ceiling (OpenVINO's bf16 kernels, what ``auto`` runs
+there, and torch's bf16 autocast). ``uptime``'s 1-minute load is recorded next to every number.
+
+BENCHMARKS.md has one section for every machine: a table with one column per machine and precision
+(a CPU without native bf16: fp32; one with it: fp32 and bf16; a GPU: fp16 autocast) and one block per
+run (machine, date, command, ceilings, cosines, loads, decoding variants). ``--write`` replaces this
+machine's columns and block, between their markers, and leaves the other machines' as they are.
 """
 from __future__ import annotations
 
@@ -33,20 +36,34 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench._common import replace_section  # noqa: E402
-from bench._machine import best_of, effnet_gflops, load1, machine_line, matmul_gflops, today  # noqa: E402
+from bench._common import BENCHMARKS, marked, read_section, replace_marked, replace_section, set_columns  # noqa: E402
+from bench._machine import best_of, cpu_model, effnet_gflops, load1, machine_line, matmul_gflops, today  # noqa: E402
 
 SECTION = "## Image embedding engines (bench/embed_engines.py)"
-GPU_SECTION = "## Image embedding engines on a GPU (bench/embed_engines.py --device cuda)"
-BF16_SECTION = "## Image embedding engines on a CPU with native bf16: {cpu} (bench/embed_engines.py)"
+TABLE = "embed_engines:table"
+RUNTIMES = ("torch", "onnxruntime", "openvino", "compile")
+ROWS = ["date", "ceiling (img/s)", *(f"{rt}: {what}" for rt in RUNTIMES for what in ("CNN alone", "end to end"))]
+INTRO = """\
+EfficientNet-Lite0 pooled features at 224 px from COCO-sized JPEGs (640×480, quality 90), in images/s: the CNN
+alone (batch 32, best of 3) and end to end (JPEG decoding in worker processes, overlapped with the CNN, through
+the feature cache, batch 32). In brackets: the share of the run's ceiling, EfficientNet-Lite0's 0.77 GFLOP per
+image against the best matmul rate of the column's precision, measured at the start and the end of the run.
+One column per machine and precision: fp32 everywhere (on a CPU with native bf16 the runtimes are pinned to fp32
+with `LTD_FEATURE_DTYPE=float32`), bf16 where the CPU has it (what `auto` runs there: OpenVINO's bf16 kernels,
+torch's bf16 autocast the fallback), fp16 autocast on a GPU (the CPU only decodes). Compare engines within a
+column. Each machine's run is described below the table: machine, date, command, matmul rates, cosine to
+torch's features, load, and the decoding variants of its fastest engine."""
 
 
-def section(res: dict) -> str:
-    """One section per kind of machine; CPUs with native bf16 differ a lot (AMX vs AVX512-BF16): one each."""
-    from bench._machine import cpu_model
+def machine_name(res: dict) -> str:
+    """The machine a run's columns belong to: CPUs with native bf16 differ a lot (AMX vs AVX512-BF16)."""
+    if res["device"] != "cpu":
+        return res["gpu"]
+    return res["cpu"] + (" with native bf16" if res["bf16_native"] else "")
 
-    return (GPU_SECTION if res["device"] != "cpu" else BF16_SECTION.format(cpu=cpu_model()) if res["bf16_native"]
-            else SECTION)
+
+def _column_order(name: str) -> tuple:
+    return ("fp16" in name, "native bf16" in name, name.rsplit(":", 1)[0], not name.endswith(": fp32"))
 
 
 def openvino_one_request(batch: int = 32) -> float:
@@ -138,7 +155,8 @@ def measure(args, paths: list[Path]) -> dict:
     from training.models.runtimes import installed
 
     dev = args.device
-    res = {"machine": machine_line(), "date": today(), "images": len(paths), "device": dev,
+    res = {"machine": machine_line(), "date": today(), "images": len(paths), "device": dev, "cpu": cpu_model(),
+           "gpu": torch.cuda.get_device_name(0) if dev != "cpu" else None,
            "bf16_native": cpu_bf16_fast(), "command": "python bench/embed_engines.py " + " ".join(args.argv),
            "decoders": default_workers(len(paths), 32), "cores": os.cpu_count()}
     if dev == "cpu":
@@ -197,42 +215,50 @@ def measure(args, paths: list[Path]) -> dict:
     return res
 
 
-def render(res: dict) -> str:
-    ceil = res["ceiling_img_s"]
-    sec = section(res)
-    bf16 = ("the GPU's own precision; the CPU only decodes" if res["device"] != "cpu" else
-            "this CPU has native bf16: the runtime rows are pinned to fp32 with `LTD_FEATURE_DTYPE=float32`; "
-            "`auto` runs OpenVINO's bf16 kernels here (their own cache entry; torch's bf16 autocast is the fallback), the bf16 rows"
-            if res["bf16_native"]
-            else "this CPU has no native bf16 (no AVX-512 BF16 / AMX), so only fp32 could be measured here")
-    lines = [sec, "", f"Machine: {res['machine']}. Date: {res['date']}. Command: `{res['command']}`.", "",
-             f"{res['images']} COCO-sized JPEGs (640×480, quality 90), EfficientNet-Lite0 pooled features at 224 px, "
-             f"{res['precision']} ({bf16}). Ceiling: {res['gflops_per_image']:.2f} GFLOP per image against the best "
-             f"{'fp16' if res['device'] != 'cpu' else 'fp32'} matmul rate "
-             f"({' / '.join(f'{p:.0f}' for p in res['matmul_gflops'])} GFLOP/s at the start / end of the run) = "
-             f"**{ceil:.0f} images/s**. End to end = JPEG decode ({res['decoders']} worker processes, overlapped) + resize/crop + CNN "
-             "through the feature cache, batch 32. Load = `uptime`'s 1-minute load average when the row started "
-             f"({res.get('cores', '?')} cores).",
-             "", "| runtime | CNN alone (img/s) | % of ceiling | end to end (img/s) | % of ceiling | min cosine to torch | load |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+def _rate(img_s: float, ceiling: float) -> str:
+    return f"{img_s:.1f} ({100 * img_s / ceiling:.0f} %)"
+
+
+def columns(res: dict) -> dict[str, dict[str, str]]:
+    """This run's table columns: its precision (fp32, or fp16 autocast on a GPU), and bf16 where measured."""
+    ceil, name = res["ceiling_img_s"], machine_name(res)
+    main = {"date": res["date"], "ceiling (img/s)": f"{ceil:.0f}"}
     for r in res["rows"]:
-        lines.append(f"| {r['runtime']} | {r['cnn_img_s']:.1f} | {100 * r['cnn_img_s'] / ceil:.0f} % | {r['e2e_img_s']:.1f} | "
-                     f"{100 * r['e2e_img_s'] / ceil:.0f} % | {r['cos_to_torch']:.7f} | {r['load1']:.1f} |")
-    for b in res.get("bf16", []):
-        lines += [f"| {b['runtime']} (% of the **bf16** ceiling: {b['matmul_gflops']:.0f} GFLOP/s = "
-                  f"{b['ceiling_img_s']:.0f} images/s) | {b['cnn_img_s']:.1f} | {100 * b['cnn_img_s'] / b['ceiling_img_s']:.0f} % | "
-                  f"{b['e2e_img_s']:.1f} | {100 * b['e2e_img_s'] / b['ceiling_img_s']:.0f} % | {b['cos_to_torch']:.7f} | "
-                  f"{b['load1']:.1f} |"]
-    for b in res.get("bf16", []):
+        main |= {f"{r['runtime']}: CNN alone": _rate(r["cnn_img_s"], ceil),
+                 f"{r['runtime']}: end to end": _rate(r["e2e_img_s"], ceil)}
+    out = {f"{name}: {res['precision']}": main}
+    if res.get("bf16"):
+        bf = {"date": res["date"], "ceiling (img/s)": f"{res['bf16'][0]['ceiling_img_s']:.0f}"}
+        for b in res["bf16"]:
+            rt = b["runtime"].split(",")[0]
+            bf |= {f"{rt}: CNN alone": _rate(b["cnn_img_s"], b["ceiling_img_s"]),
+                   f"{rt}: end to end": _rate(b["e2e_img_s"], b["ceiling_img_s"])}
+        out[f"{name}: bf16"] = bf
+    return out
+
+
+def run_block(res: dict) -> str:
+    """What the table's cells do not say about this run: machine, command, matmul rates, cosines, loads, variants."""
+    ceil, bf16 = res["ceiling_img_s"], res.get("bf16", [])
+    rows = res["rows"] + bf16
+    mm = f"{' / '.join(f'{p:.0f}' for p in res['matmul_gflops'])} GFLOP/s {res['precision'].split()[0]}"
+    mm += f", {bf16[0]['matmul_gflops']:.0f} GFLOP/s bf16" if bf16 else ""
+    lines = [f"**{machine_name(res)}**: {res['machine']}. Date: {res['date']}. Command: `{res['command']}`. "
+             f"{res['images']} JPEGs; decoding worker processes: {res['decoders']}. Matmul rate at the start / end of "
+             f"the run: {mm}. Min cosine to torch's features: "
+             + ", ".join(f"{r['runtime'].replace(', ', ' ')} {r['cos_to_torch']:.7f}" for r in rows)
+             + f". Load (`uptime`'s 1-minute average, {res.get('cores', '?')} cores) when each row started: "
+             + ", ".join(f"{r['runtime'].replace(', ', ' ')} {r['load1']:.1f}" for r in rows) + f"; at the end {res['load1_end']:.1f}.",
+             "", "| variant (fastest runtime) | end to end (img/s) | % of ceiling | min cosine to full decoding | load |",
+             "|---|---:|---:|---:|---:|"]
+    for v in res["variants"]:
+        lines.append(f"| {v['runtime']}, {v['variant']} | {v['e2e_img_s']:.1f} | {100 * v['e2e_img_s'] / ceil:.0f} % | "
+                     f"{v['cos_to_full_decode']:.5f} | {v['load1']:.1f} |")
+    for b in bf16:
         if "e2e_one_decoder" in b:
             lines += ["", f"{b['runtime']} end to end with one decoding worker (the default before 2026-11-25): "
                       f"{b['e2e_one_decoder']:.1f} img/s; the default pool of {res['decoders']} is "
                       f"{b['e2e_img_s'] / b['e2e_one_decoder']:.2f}× faster."]
-    lines += ["", "| variant (fastest runtime) | end to end (img/s) | % of ceiling | min cosine to full decoding | load |",
-              "|---|---:|---:|---:|---:|"]
-    for v in res["variants"]:
-        lines.append(f"| {v['runtime']}, {v['variant']} | {v['e2e_img_s']:.1f} | {100 * v['e2e_img_s'] / ceil:.0f} % | "
-                     f"{v['cos_to_full_decode']:.5f} | {v['load1']:.1f} |")
     if "openvino_one_request" in res:
         one, ov = res["openvino_one_request"], next(r for r in res["rows"] if r["runtime"] == "openvino")
         lines += ["", f"OpenVINO runs a batch as one slice per THROUGHPUT stream, in parallel requests; as one synchronous "
@@ -241,8 +267,16 @@ def render(res: dict) -> str:
     if "captions" in res:
         caps = ", ".join(f"hidden {h}: {c['captions_s']:.0f} captions/s (load {c['load1']:.1f})" for h, c in res["captions"].items())
         lines += ["", f"Caption encoding (bi-GRU, batch 512, 50-d words, 1024-d embedding, random weights): {caps}."]
-    lines += ["", f"Load at the end of the run: {res['load1_end']:.1f}.", ""]
     return "\n".join(lines)
+
+
+def write(res: dict, path: Path = BENCHMARKS) -> None:
+    """Replace this machine's columns of the table and its run block; the other machines' stay as they are."""
+    sec = read_section(SECTION, path) or f"{SECTION}\n\n{INTRO}\n\n<!-- {TABLE} -->\n<!-- /{TABLE} -->\n"
+    sec = replace_marked(sec, TABLE, set_columns(marked(sec, TABLE) or "", columns(res), rows=ROWS,
+                                                 order=_column_order), append=False)
+    sec = replace_marked(sec, f"embed_engines:run {machine_name(res)}", run_block(res))
+    replace_section(SECTION, sec, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,10 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         paths = make_jpegs(Path(tmp) / "jpegs", args.images)
         res = measure(args, paths)
     print(json.dumps(res, indent=2, default=float))
-    text = render(res)
-    print(text)
+    for name, cells in columns(res).items():
+        print(f"{name}: {cells}")
+    print(run_block(res))
     if args.write:
-        replace_section(section(res), text)
+        write(res)
     return 0
 
 

@@ -26,6 +26,7 @@ from indexer.index import (
     relative_to_index,
     save_index_dir,
 )
+from indexer.ray_engine import ray_embed, remove_shards
 from training.checkpoint import (
     CheckpointError,
     load_checkpoint,
@@ -40,6 +41,8 @@ from training.errors import UserValueError
 from training.features import extract_features, lookup_features
 from training.fsio import sha256_file
 from training.losses.objective import describe_loss
+from training.models.clip import resolve_clip_path
+from training.models.clip_files import read_clip_spec
 from training.models.dual_encoder import DualEncoder
 from training.regions import read_precomputed
 
@@ -79,9 +82,6 @@ def ensure_zero_shot(clip_dir: str | Path, index_dir: str | Path) -> Path:
     (config, weights, tokenizer, preprocessing) is the same, so its sha256 — which the index's manifest
     records and the server checks — stays put across rebuilds and appends. Index and checkpoint then
     move together."""
-    from training.models.clip import resolve_clip_path
-    from training.models.clip_files import read_clip_spec
-
     path = Path(index_dir) / ZERO_SHOT
     if path.is_file():
         try:
@@ -207,8 +207,6 @@ def local_embed_fn(lm: LoadedModel, show_progress: bool) -> EmbedFn:
 
 def ray_embed_fn(lm: LoadedModel, opts, device: str, runtime: str | None, show_progress: bool) -> EmbedFn:
     """Images and captions embedded by a Ray actor pool (``indexer/ray_engine.py``), in one run."""
-    from indexer.ray_engine import ray_embed
-
     def run(paths: list[Path], texts: list[str]):
         return ray_embed(lm.checkpoint, lm.sha256, paths, texts, lm.model.image.embed_dim, opts, device=device,
                          runtime=runtime, show_progress=show_progress)
@@ -218,8 +216,6 @@ def ray_embed_fn(lm: LoadedModel, opts, device: str, runtime: str | None, show_p
 def _drop_shards(ray) -> None:
     """The index is committed: a Ray run's shards are no longer needed to resume."""
     if ray is not None:
-        from indexer.ray_engine import remove_shards
-
         remove_shards(ray)
 
 

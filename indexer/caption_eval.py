@@ -22,6 +22,7 @@ from training.captioning.retrieval_reward import load_judge
 from training.checkpoint import sha256_file
 from training.data.convert import write_json_atomic
 from training.data.karpathy import Dataset, DatasetError, load_karpathy
+from training.prepare import resolve_dataset_path
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +31,6 @@ REPORT_KEYS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CID
 
 def dataset_of(ckpt: dict, dataset: str | None, cache_dir: str = "") -> Dataset:
     """``--dataset`` (a Karpathy JSON or its folder), or the dataset the captioner was trained on."""
-    from training.prepare import resolve_dataset_path
-
     if dataset:
         path = resolve_dataset_path(dataset, cache_dir=cache_dir)
     else:

@@ -46,7 +46,7 @@ def meteor_unavailable_reason() -> str | None:
 
 
 def _scorers():
-    try:
+    try:  # lazy: optional extra (.[caption]); its absence is reported, not fatal
         from pycocoevalcap.bleu.bleu import Bleu
         from pycocoevalcap.cider.cider import Cider
         from pycocoevalcap.rouge.rouge import Rouge
@@ -93,7 +93,7 @@ def coco_scores(gts: dict, res: dict, *, meteor: bool | None = None, tokenized: 
     if meteor is True and reason:
         raise CaptionMetricsError(reason)
     if meteor is not False and not reason:
-        from pycocoevalcap.meteor.meteor import Meteor
+        from pycocoevalcap.meteor.meteor import Meteor  # lazy: optional extra (.[caption])
 
         scorer = Meteor()
         try:

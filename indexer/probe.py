@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from indexer.index import load_index_dir
 from training.errors import UserFileNotFound, UserValueError
+from training.targets import compute_targets
 
 ALPHAS = (0.01, 0.1, 1.0, 10.0, 100.0)
 
@@ -60,8 +62,6 @@ def index_targets(ix, target_model: str = "", cache_dir: str = "", show_progress
                   ) -> tuple[np.ndarray, np.ndarray]:
     """(caption targets, image targets) of an index built from a dataset split: the sentence encoder's
     embedding of every caption as indexed, and per image the mean of its captions' targets."""
-    from training.targets import compute_targets
-
     if not ix.has_ground_truth:
         raise UserValueError(f"{ix.path}: a probe needs an index of a dataset split (captions linked to their images)")
     texts = ix.captions.meta["texts"]
@@ -73,8 +73,6 @@ def index_targets(ix, target_model: str = "", cache_dir: str = "", show_progress
 def probe_indexes(fit_dir: str | Path, eval_dir: str | Path, target_model: str = "", cache_dir: str = "",
                   show_progress: bool = False) -> dict:
     """Caption-side and image-side probes fitted on ``fit_dir``'s embeddings, scored on ``eval_dir``'s."""
-    from indexer.index import load_index_dir
-
     fit, ev = load_index_dir(fit_dir), load_index_dir(eval_dir)
     if fit.manifest.get("checkpoint_sha256") != ev.manifest.get("checkpoint_sha256"):
         raise UserValueError(f"{fit_dir} and {eval_dir} were built by different checkpoints: a probe reads one model")

@@ -53,6 +53,7 @@ class _Embedder:
 
     def __init__(self, checkpoint: str, folder: str, device: str, runtime: str | None, threads: int):
         started = time.time()  # wall clock: the driver compares it with its own (exact on one machine)
+        # lazy: in the actor, so the start-up time it reports includes loading torch and the model code
         import torch
 
         from indexer.build import load_model
@@ -64,6 +65,7 @@ class _Embedder:
         self.init = (started, time.time())  # reported with the actor's first shard, then NaN
 
     def __call__(self, batch: dict) -> dict:
+        # lazy: this module stays torch-free where it is unpickled (see __init__)
         from indexer.embed import embed_captions, embed_image_files
         from training.data.decode_pool import default_workers
 
@@ -107,7 +109,7 @@ def _timings(t_start: float, t_end: float, rows: list[dict], workers: int) -> di
 
 def start_cluster(opts: RayOptions, threads: int) -> bool:
     """Join ``opts.address``, or start a local cluster sized for the actors; False when Ray was already up."""
-    import ray
+    import ray  # lazy: optional extra (.[ray])
 
     if ray.is_initialized():
         return False
@@ -123,7 +125,7 @@ def start_cluster(opts: RayOptions, threads: int) -> bool:
 def quiet_ray_data() -> None:
     """Our own progress bar reports the run: Ray Data's bars (logged every few seconds when stdout is
     not a terminal) and its INFO lines about the execution plan only add noise and driver work."""
-    from ray.data import DataContext
+    from ray.data import DataContext  # lazy: optional extra (.[ray])
 
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False
@@ -135,7 +137,7 @@ def quiet_ray_data() -> None:
 
 def _run(todo: list[sh.Shard], items: dict[str, list[str]], folder: Path, checkpoint: Path, opts: RayOptions,
          device: str, runtime: str | None, show_progress: bool) -> None:
-    try:
+    try:  # lazy: optional extra (.[ray]); its absence is reported
         import ray
     except ImportError:
         raise Unavailable("--engine ray needs Ray: pip install 'ltd-retrieval[ray]'") from None

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from indexer.index import IndexDir, IndexDirError
+from indexer.rouge import rouge_l_matrix
 from training.data.coco import eccv_data_dir
 from training.data.karpathy import DatasetError
 from training.errors import UserFileNotFound
@@ -20,8 +21,6 @@ def rouge_relevance(ix: IndexDir, show_progress: bool = True) -> np.ndarray:
     """(n_captions, n_images) ROUGE-L of each query caption against each image's reference captions,
     computed exactly as TERN does (coco-caption's ROUGE-L: best precision and best recall over the
     references, F-beta 1.2), so nDCG is comparable with published numbers; cached in the index."""
-    from indexer.rouge import rouge_l_matrix
-
     cache = ix.derived_path("relevance_rougeL")
     n_cap, n_img = len(ix.captions.ids), len(ix.images.ids)
     if cache.is_file():

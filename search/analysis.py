@@ -13,6 +13,7 @@ import threading
 from indexer.disagreement import compare_indexes
 from search.errors import BadRequest
 from search.registry import ModelEntry
+from training.plots import figure_from_rows, label_for, plt
 
 _PYPLOT_LOCK = threading.Lock()  # pyplot's figure registry is not thread-safe; servers draw from threads
 
@@ -49,8 +50,6 @@ def training_rows(entry: ModelEntry) -> list[dict]:
 def training_figure(entries: list[ModelEntry], smooth: int = 5, figsize: tuple[float, float] = (11, 6.2)):
     """(matplotlib figure or None, names without a metrics file): λ (log), L_rec with η, L_con, val rsum,
     one line per model."""
-    from training.plots import figure_from_rows, label_for, plt
-
     series, missing = [], []
     for e in entries:
         rows = training_rows(e)

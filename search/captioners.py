@@ -14,7 +14,10 @@ from PIL import Image
 from search.errors import NotFound, NotReady, redact_paths
 from search.registry import warm_up
 from search.results import CaptionerInfo, CaptionersStatus
+from training.captioning.checkpoint import captioner_from_checkpoint, load_caption_checkpoint
+from training.captioning.inference import decode_regions
 from training.fsio import sha256_file
+from training.models.backbones import EfficientNetLite0, grid_regions
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +34,6 @@ class CaptionerEntry:
 
     @torch.inference_mode()
     def caption(self, img: Image.Image, beam: int) -> str:
-        from training.captioning.inference import decode_regions
-        from training.models.backbones import grid_regions
-
         x = self.backbone.preprocess(img, 1)[None]
         ids = decode_regions(self.model, grid_regions(self.backbone.extract(x)), self.vocab, beam=beam)
         return self.vocab.decode_batch(ids)[0]
@@ -69,9 +69,6 @@ class CaptionerRegistry:
                                 down={n: redact_paths(why) for n, why in self.failed.items()})
 
     def _load_one(self, name: str, path: Path) -> CaptionerEntry:
-        from training.captioning.checkpoint import captioner_from_checkpoint, load_caption_checkpoint
-        from training.models.backbones import EfficientNetLite0
-
         ckpt = load_caption_checkpoint(path)
         model, vocab, cfg = captioner_from_checkpoint(ckpt, self.device)
         size = cfg.data.image_size

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import re
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from search.errors import BadRequest
 
@@ -77,10 +79,6 @@ def inner(q: np.ndarray, vectors: np.ndarray) -> np.ndarray:
     2-core machine the two pools fight: a 13 × 1,024 by 1,024 × 1,000 product took 120 ms through
     numpy there against ~1 ms through torch (BENCHMARKS.md, "Explanations"). ``vectors`` may be a
     read-only memory map; it is only read."""
-    import warnings
-
-    import torch
-
     with warnings.catch_warnings():  # torch warns that it cannot promise not to write a read-only array
         warnings.simplefilter("ignore", UserWarning)
         v = torch.from_numpy(np.asarray(vectors, dtype=np.float32))

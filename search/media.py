@@ -8,6 +8,7 @@ and (for galleries that serve files) written once to a private folder (search/fi
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import io
 import threading
@@ -30,8 +31,6 @@ def release_free_memory() -> None:
     """Give freed heap memory back to the OS (glibc), so a burst of large decodes does not leave the
     server's resident size at its peak."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass

@@ -3,7 +3,7 @@ every N, and what it leaves must be the old state or the new one, never a torn m
 converges to exactly what an uninterrupted run writes, with no temporary files left.
 
 The writer runs in a subprocess whose ``os`` file operations (mkdir, replace, rename, unlink,
-remove, rmdir) are wrapped to count, and to SIGKILL the process itself at the chosen count.
+remove, rmdir) are wrapped to count, and to SIGKILL the process itself at the chosen count (tests/_killer.py).
 """
 from __future__ import annotations
 
@@ -12,36 +12,22 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _killer import killer_script
 
 from indexer.index import IndexDirError, load_index_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
 # The writer: builds, overwrites or appends to an index directory from deterministic vectors.
-WRITER = textwrap.dedent('''
-    import os, signal, sys
+WRITER = killer_script(("mkdir", "replace", "rename", "unlink", "remove", "rmdir"), '''
     import numpy as np
     from indexer.index import Modality, VectorIndex, append_to_index_dir, open_for_append, save_index_dir
 
-    kill_at, op, target = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    count = 0
-
-    def counted(fn):
-        def wrapper(*a, **k):
-            global count
-            count += 1
-            if count == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
-            return fn(*a, **k)
-        return wrapper
-
-    for name in ("mkdir", "replace", "rename", "unlink", "remove", "rmdir"):
-        setattr(os, name, counted(getattr(os, name)))
+    op, target = sys.argv[2], sys.argv[3]
 
     def unit(n, seed):
         x = np.random.default_rng(seed).standard_normal((n, 8)).astype(np.float32)

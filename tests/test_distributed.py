@@ -40,7 +40,7 @@ def test_global_batches_do_not_depend_on_the_process_count():
 def test_launched_processes_run_the_command_without_nproc():
     """`ltd train --nproc 2 …` starts processes that run the same command, less --nproc; the parser's
     default timeout is training.distributed's (kept apart so that `ltd --help` needs no torch)."""
-    from app import launch
+    from app.cli import launch_args as launch
     from app.cli.parser import build_parser
     from training.distributed import DEFAULT_TIMEOUT_S
 

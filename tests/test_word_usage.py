@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _killer import killer_script
 
 from search import SearchService, derived
 from search.derived import cached_arrays
@@ -222,32 +223,18 @@ def test_embedding_map_and_word_masks(svc):
     assert imgs[ix.captions.meta["image"][0]] and imgs.sum() <= mask.sum()
 
 
-KILLED_WRITER = """
-import os, signal, sys
-from pathlib import Path
-from types import SimpleNamespace
-import numpy as np
-from search.derived import cached_arrays
+KILLED_WRITER = killer_script(("fsync", "replace", "rename", "unlink"), """
+    from pathlib import Path
+    from types import SimpleNamespace
+    import numpy as np
+    from search.derived import cached_arrays
 
-kill_at, target = int(sys.argv[1]), Path(sys.argv[2])
-count = 0
-
-def counted(fn):
-    def wrapper(*a, **k):
-        global count
-        count += 1
-        if count == kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return fn(*a, **k)
-    return wrapper
-
-for name in ("fsync", "replace", "rename", "unlink"):
-    setattr(os, name, counted(getattr(os, name)))
-ix = SimpleNamespace(derived_path=lambda stem, ext: target / f"{stem}.g0001.{ext}", manifest={"checkpoint_sha256": "abc"})
-big = np.arange(3_000_000, dtype=np.float32)
-out = cached_arrays(ix, "word_occlusion", 1, lambda: {"x": big, "word": np.array(["a", "b"])})
-print(count)
-"""
+    target = Path(sys.argv[2])
+    ix = SimpleNamespace(derived_path=lambda stem, ext: target / f"{stem}.g0001.{ext}", manifest={"checkpoint_sha256": "abc"})
+    big = np.arange(3_000_000, dtype=np.float32)
+    out = cached_arrays(ix, "word_occlusion", 1, lambda: {"x": big, "word": np.array(["a", "b"])})
+    print(count)
+""")
 
 
 @pytest.mark.slow

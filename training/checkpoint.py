@@ -25,13 +25,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import faiss
 import numpy as np
 import torch
+from torch.torch_version import TorchVersion
 
-from training.config import Config, config_from_dict
+from training import __version__
+from training.config import Config, config_from_dict, load_config
 from training.data.vocab import Vocab
 from training.errors import UserError, UserFileNotFound
 from training.fsio import atomic_path, remove_stale_temps, sha256_file  # noqa: F401 (sha256_file re-exported)
+from training.models.backbones import state_digest
+from training.models.clip import ClipSource
 from training.models.dual_encoder import DualEncoder, build_model
 
 if TYPE_CHECKING:
@@ -42,9 +47,6 @@ log = logging.getLogger(__name__)
 
 
 def versions() -> dict:
-    import faiss  # noqa: F401  (recorded for index compatibility)
-
-    from training import __version__
     return {"ltd": __version__, "torch": str(torch.__version__), "numpy": np.__version__,
             "python": platform.python_version(), "faiss": getattr(faiss, "__version__", "?")}
 
@@ -76,8 +78,6 @@ def set_rng_state(state: dict) -> None:
 def _legacy_globals() -> list:
     """What checkpoints written before the plain-types RNG state need beyond tensors: numpy arrays
     of plain dtypes (the RNG keys) and torch's version string."""
-    from torch.torch_version import TorchVersion
-
     return [np._core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType, TorchVersion]
 
 
@@ -191,9 +191,6 @@ def zero_shot_checkpoint(clip_path: str | Path) -> dict:
     """The checkpoint of an untrained CLIP (both towers, its pretrained logit scale): what `ltd index`
     writes for a CLIP folder, so the zero-shot score is one command and serves like any trained model.
     The folder's config, tokenizer and preprocessing go in as plain data (see ``training_checkpoint``)."""
-    from training.config import load_config
-    from training.models.clip import ClipSource
-
     cfg = load_config(base={"model": {"backbone": "clip", "text_encoder": "clip", "clip_path": str(clip_path)},
                             "train": {"name": "clip_zero_shot"}})
     clip, vocab = ClipSource.from_dir(clip_path), Vocab.build([])
@@ -214,8 +211,6 @@ def model_from_checkpoint(ckpt: dict | str | Path, device: str | torch.device = 
     cfg.model.word_dim = int(ckpt.get("word_dim", cfg.model.word_dim))
     clip = None
     if ckpt.get("clip"):  # the CLIP's config, tokenizer and preprocessing travel in the checkpoint
-        from training.models.clip import ClipSource
-
         clip = ClipSource(ckpt["clip"])
     model = build_model(cfg, vocab, feat_dim=ckpt.get("feat_dim"), region_dim=int(ckpt.get("region_dim", 0)),
                         target_dim=int(ckpt.get("target_dim", 0)), clip=clip)
@@ -225,8 +220,6 @@ def model_from_checkpoint(ckpt: dict | str | Path, device: str | torch.device = 
     if bad:
         raise CheckpointError(f"checkpoint does not match the model it describes: {bad[:5]}")
     if ckpt.get("backbone_trained"):
-        from training.models.backbones import state_digest
-
         model.image.frozen = True  # inference uses the fast frozen path with the fine-tuned weights
         # ... and the feature cache must not answer with the pretrained weights' features
         model.image.backbone.weights_id = f"trained:{state_digest(model.image.backbone)[:16]}"

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
 from training.data.global_batches import Shard
 from training.errors import Unavailable
@@ -239,7 +240,6 @@ def data_parallel(module: nn.Module, device: torch.device) -> nn.Module:
     unused by a configuration (a decoder's unused side, a frozen tower's head) need no flag."""
     if not (dist.is_available() and dist.is_initialized()):
         return module
-    from torch.nn.parallel import DistributedDataParallel
 
     if device.type == "cuda":
         module = nn.SyncBatchNorm.convert_sync_batchnorm(module)  # batch statistics of the global batch

@@ -21,6 +21,8 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+
 _TMP_RE = re.compile(r"^\..+\.tmp(\d+)(\..*)?$")
 
 
@@ -131,8 +133,6 @@ def write_json_atomic(path: str | Path, obj: object, *, durable: bool = True, **
 
 
 def save_npy_atomic(path: str | Path, array, *, durable: bool = True) -> Path:
-    import numpy as np
-
     with atomic_path(path, durable=durable) as tmp:
         with open(tmp, "wb") as f:  # an open file: np.save would otherwise append ".npy" to the name
             np.save(f, np.asarray(array), allow_pickle=False)

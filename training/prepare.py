@@ -9,23 +9,25 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from training.config import Config, ConfigError
+from training.data.decode_pool import ImageTransform
 from training.data.karpathy import Dataset, DatasetError, Split, labelled_mask, load_karpathy, tokenize
+from training.data.shortcuts import apply_shortcuts
+from training.data.synthetic import generate_synthetic
 from training.data.vocab import Vocab
 from training.env import default_cache_dir
 from training.features import FeatureStore, extract_features
 from training.losses.objective import objective_needs
 from training.models.backbones import Backbone, build_backbone
+from training.models.clip import ClipSource
 from training.models.clip_files import uses_clip
-
-if TYPE_CHECKING:
-    from training.data.decode_pool import ImageTransform
-    from training.models.clip import ClipSource
+from training.models.glove import glove_matrix
+from training.regions import read_precomputed
+from training.targets import compute_targets, model_identity, resolve_sentence_model
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +37,6 @@ def resolve_dataset_path(path: str, *, cache_dir: str = "", synthetic_images: in
     """``data.path`` → a Karpathy JSON. ``$VARS`` are expanded; a folder means its dataset_*.json;
     "" or "synthetic" means the embedded synthetic scenes (generated into the cache on first use)."""
     if path in ("", "synthetic"):
-        from training.data.synthetic import generate_synthetic
-
         out = default_cache_dir(cache_dir) / "synthetic" / f"n{synthetic_images}_s{synthetic_seed}"
         return generate_synthetic(out, n_images=synthetic_images, seed=synthetic_seed, show_progress=show_progress)
     expanded = os.path.expandvars(os.path.expanduser(path))
@@ -93,8 +93,6 @@ def image_features(cfg: Config, ds: Dataset, backbone: Backbone | None, *, trans
     regions (0 otherwise)."""
     m = cfg.model
     if m.backbone == "precomputed":
-        from training.regions import read_precomputed
-
         store, region_dim = read_precomputed(m, ds, cache_dir=cfg.data.cache_dir, show_progress=show_progress)
         if region_dim and m.region_dim not in (0, region_dim):
             raise ConfigError(f"model.region_dim={m.region_dim} but {m.precomputed_path} has {region_dim} channels "
@@ -107,10 +105,6 @@ def image_features(cfg: Config, ds: Dataset, backbone: Backbone | None, *, trans
 
 
 def prepare(cfg: Config, *, show_progress: bool = True, device: str = "cpu") -> TrainingData:
-    from training.data.shortcuts import apply_shortcuts
-    from training.models.glove import glove_matrix
-    from training.targets import compute_targets
-
     ds = load_dataset(cfg, show_progress)
     try:
         train, val = ds.split("train"), ds.split(cfg.data.val_split)
@@ -125,8 +119,6 @@ def prepare(cfg: Config, *, show_progress: bool = True, device: str = "cpu") -> 
     m = cfg.model
     clip, backbone = None, None
     if uses_clip(m):
-        from training.models.clip import ClipSource
-
         clip = ClipSource.from_dir(m.clip_path)
     if m.backbone == "clip":
         backbone = clip.image_backbone()
@@ -208,8 +200,6 @@ def check_target_model(m, target_model: str) -> None:
     are allowed (the frozen-MiniLM presets measure exactly that) but logged."""
     if m.text_encoder not in ("sbert", "tern"):
         return
-    from training.targets import model_identity, resolve_sentence_model
-
     try:  # the same files (names and sizes) is the same model, wherever the folder is
         same = (model_identity(resolve_sentence_model(m.sbert_path))["files"]
                 == model_identity(resolve_sentence_model(target_model))["files"])

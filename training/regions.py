@@ -37,7 +37,7 @@ import numpy as np
 
 from training.env import default_cache_dir
 from training.errors import UserError
-from training.features import FeatureStore
+from training.features import FeatureStore, load_precomputed
 from training.fsio import remove_stale_temps, temp_name, write_json_atomic
 from training.progress import progress
 
@@ -225,8 +225,6 @@ def read_precomputed(m, ds, *, cache_dir: str = "", show_progress: bool = True) 
     """``model.backbone=precomputed`` features of the dataset ``ds`` for the model config ``m``: region
     rows for the region encoders (and the channels per region), else ``load_precomputed``'s (N, V, D)
     features (and 0)."""
-    from training.features import load_precomputed
-
     ids, names = [im.id for im in ds.images], [im.filename for im in ds.images]
     if m.image_encoder == "head":
         return load_precomputed(m.precomputed_path, ids, names), 0

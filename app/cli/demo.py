@@ -24,6 +24,8 @@ import re
 import time
 from pathlib import Path
 
+from app.cli.demo_captioning import run_captioning
+from app.cli.serve import add_bind_args, bind_policy, serve
 from training.errors import UserValueError
 
 log = logging.getLogger("ltd.demo")
@@ -42,8 +44,6 @@ SMALL_BATCH_CLAIM = ("over 3 seeds of these presets LTD was ahead of this baseli
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    from app.cli.serve import add_bind_args
-
     p = sub.add_parser("demo", parents=[common], help="train baseline + LTD, index, evaluate, compare and serve (end to end)")
     p.add_argument("--dataset", help="Karpathy JSON or its folder (default: $LTD_DATA_DIR, else synthetic scenes)")
     p.add_argument("--synthetic", action="store_true", help="use the synthetic scenes even if LTD_DATA_DIR is set")
@@ -110,7 +110,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     progress = not args.no_progress
     if not args.no_serve:  # refuse an accidental exposure now, not after the training
         from app.api.settings import load_settings
-        from app.cli.serve import bind_policy
 
         token = load_settings().api_token
         hosts = bind_policy(args.host, args.expose, args.allowed_host, token.get_secret_value() if token else None)
@@ -143,8 +142,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(to_markdown(rows, "bl", "ltd", top=8))
     captioners, referee = {}, {}
     if args.captioning:
-        from app.cli.demo_captioning import run_captioning
-
         captioners, referee = run_captioning(args, kind, data_path, json_path, root,
                                              bests if shortcut == "none" else None, progress)
     print(f"\ndemo ready in {time.time() - t0:.0f} s. Reports: {root / 'indexes' / 'bl' / 'report.md'}, "
@@ -152,8 +149,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
           + "".join(f", {Path(p).parent / 'eval_test' / 'report.md'}" for p in captioners.values()), flush=True)
     if args.no_serve:
         return 0
-    from app.cli.serve import serve
-
     models = {n: str(ix.path.resolve()) for n, ix in indexes.items()} | referee
     from app.api.settings import load_settings
 

@@ -6,6 +6,7 @@ import json
 import logging
 from pathlib import Path
 
+from indexer.corpus import check_corpus_inputs
 from training.errors import UserFileNotFound, UserValueError
 
 log = logging.getLogger("ltd.index")
@@ -68,7 +69,6 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 def check_index_args(args: argparse.Namespace) -> str:
     """Every input of `ltd index`, checked before anything heavy is imported or loaded; the mode:
     ``append``, ``corpus`` or ``dataset``."""
-    from indexer.corpus import check_corpus_inputs
     from indexer.index import check_target, read_manifest
 
     corpus = args.images_dir or args.captions_file

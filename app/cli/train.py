@@ -6,7 +6,7 @@ import json
 import logging
 from pathlib import Path
 
-from app.launch import add_arguments, data_parallel_command, worker_args
+from app.cli.launch_args import add_arguments, worker_args
 from training.errors import UserFileNotFound, UserValueError
 
 log = logging.getLogger("ltd.train")
@@ -117,6 +117,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         out = Path(args.out) if args.out else Path("runs") / run_name(cfg, args.config)
         if args.resume:
             cfg = resume_config(out, args.config, args.set)
+    from app.launch import data_parallel_command
     from app.pipeline import train_run
 
     code, res = data_parallel_command(args, cfg.train.device, worker_args(args, ["train"], out), lambda: train_run(

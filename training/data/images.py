@@ -9,15 +9,12 @@ import io
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from training.errors import UserError
-
-if TYPE_CHECKING:  # torch is imported where tensors are made, so `ltd` can check its inputs without it
-    import torch
 
 # A 12,000 x 12,000 photo is plenty; anything larger is refused before decoding (decompression bombs).
 MAX_PIXELS = 144_000_000
@@ -114,8 +111,6 @@ class Preprocess:
         return img.resize((nw, nh), Image.BICUBIC, reducing_gap=3.0) if (nw, nh) != (w, h) else img
 
     def to_tensor(self, img: Image.Image) -> torch.Tensor:
-        import torch
-
         arr = np.asarray(img, dtype=np.float32) / 255.0
         arr = (arr - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
         return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
@@ -138,7 +133,5 @@ class Preprocess:
 
     def __call__(self, img: Image.Image, n_crops: int = 1) -> torch.Tensor:
         """(3, H, W) for one crop, (n_crops, 3, H, W) otherwise."""
-        import torch
-
         crops = [self.to_tensor(c) for c in self.crops(img, n_crops)]
         return crops[0] if n_crops == 1 else torch.stack(crops)

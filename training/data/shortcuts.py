@@ -164,7 +164,7 @@ def glyph_bank(source: str = "digits") -> GlyphBank:
     """``"digits"`` = sklearn's bundled 8x8 digits (0-16 grey levels); else a local MNIST path.
     Loaded once per process (each DataLoader worker loads its own copy on first use)."""
     if source == "digits":
-        from sklearn.datasets import load_digits
+        from sklearn.datasets import load_digits  # lazy: ~1.2 s to import, and only this shortcut needs it
 
         d = load_digits()
         return GlyphBank(d.images / 16.0, d.target, "sklearn-digits")

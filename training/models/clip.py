@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from torch import nn
 
 from training.models.backbones import Backbone
@@ -41,8 +42,6 @@ def resolve_clip_path(path: str) -> Path:
 
 def load_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
     """Tensors of safetensors files (a format that holds tensors only: nothing in it can run)."""
-    from safetensors.torch import load_file
-
     state: dict[str, torch.Tensor] = {}
     for f in files:
         try:
@@ -70,6 +69,7 @@ class ClipSource:
 
     def model(self):
         if self._model is None:
+            # lazy: transformers' CLIP classes take ~3 s to import; only CLIP models need them
             from transformers import CLIPModel
 
             try:
@@ -99,6 +99,7 @@ def clip_config(d: dict):
     """``CLIPConfig`` from a config.json's hyperparameters only (the fields CLIP's config classes
     declare), so that nothing else a crafted file sets reaches ``transformers``: no attention
     implementation to fetch from the hub, no remote code, no weights file to load, no dtype."""
+    # lazy: transformers' CLIP classes take ~3 s to import; only CLIP models need them
     from transformers import CLIPConfig, CLIPTextConfig, CLIPVisionConfig
 
     def own(cls, sub: Any) -> dict:
@@ -161,6 +162,7 @@ class NormalizedIdentity(nn.Module):
 
 def build_tokenizer(spec: dict):
     """``CLIPTokenizer`` from the plain data of :func:`.clip_files.read_tokenizer` (no file is read)."""
+    # lazy: transformers' CLIP classes take ~3 s to import; only CLIP models need them
     from transformers import CLIPTokenizer
 
     merges = [tuple(m.split(" ", 1)) for m in spec["merges"]]

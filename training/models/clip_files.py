@@ -27,16 +27,15 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import torch
 from PIL import Image
 
 from training.data.images import Preprocess
 from training.errors import UserValueError
-
-if TYPE_CHECKING:
-    import torch
+from training.fsio import sha256_file
 
 SAFE_WEIGHTS, SAFE_INDEX = "model.safetensors", "model.safetensors.index.json"
 PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack")
@@ -110,8 +109,6 @@ def weight_files(folder: str | Path) -> list[Path]:
 
 def weights_digest(files: list[Path]) -> str:
     """sha256 over the weight files (the feature cache and checkpoints name the weights by it)."""
-    from training.fsio import sha256_file
-
     return hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()
 
 
@@ -215,8 +212,6 @@ class ClipPreprocess(Preprocess):
         return img.resize((nw, nh), resample=self.resample) if (nw, nh) != (w, h) else img
 
     def to_tensor(self, img: Image.Image) -> torch.Tensor:
-        import torch
-
         arr = (np.asarray(img).astype(np.float64) * (1 / 255)).astype(np.float32)
         arr = (arr - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
         return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))

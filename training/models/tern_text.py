@@ -18,6 +18,7 @@ from torch import nn
 
 from training.models.tern import SharedReasoning
 from training.models.text_encoder import train_top_layers, transformer_layers
+from training.targets import load_sentence_model
 
 MAX_REMEMBERED = 500_000  # captions; a long-running process must not grow without bound
 
@@ -26,7 +27,6 @@ class TERNTextEncoder(nn.Module):
     def __init__(self, model_path: str, dim: int, shared: SharedReasoning, *, train_layers: int = -1,
                  max_len: int = 40):
         super().__init__()
-        from training.targets import load_sentence_model
 
         self.st = load_sentence_model(model_path)
         self.st.max_seq_length = min(self.st.max_seq_length, 2 * max_len + 2)  # word pieces (+ CLS/SEP)
