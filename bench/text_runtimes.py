@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-from tqdm import tqdm
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `ltd serve` runs (app/cli/__init__.py)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -115,7 +118,8 @@ def render(r: dict, args, command: str, load: float) -> str:
         f"Measured {today()} with `{command}` (1-min load average at start {load:.1f}). Machine: {machine_line()}.", "",
         f"The query path of one encoder call (tokenise, the frozen tower, the model's trained head) on `{args.index}`, "
         f"median of {args.rounds} alternating rounds; quality over the index's {r['n_texts']:,} captions against its "
-        f"{r['n_images']:,} images (text→image R@1 + R@5 + R@10). What `ltd serve --text-runtime auto` picks: "
+        f"{r['n_images']:,} images (text→image R@1 + R@5 + R@10); OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}. "
+        "What `ltd serve --text-runtime auto` picks: "
         "training/models/text_runtimes.py.", "", *rows, ""])
 
 
