@@ -18,11 +18,13 @@ import numpy as np
 import torch
 from PIL import Image
 
+from indexer.ptb_tokenize import coco_tokenize
 from search.captioners import CaptionerRegistry
 from search.errors import BadRequest, NotFound
 from search.registry import ModelEntry
 from search.results import CaptionCheck, CaptionResult, GeneratedCaption, ImageRank
 from search.service import SearchService
+from training.captioning.cider import CiderD
 from training.data.images import ImageError, load_image
 
 MAX_BEAM = 20
@@ -145,9 +147,6 @@ class CorpusCider:
     """CIDEr-D against one dataset image's references; document frequencies over every image of the index."""
 
     def __init__(self, entry: ModelEntry):
-        from indexer.ptb_tokenize import coco_tokenize
-        from training.captioning.cider import CiderD
-
         self._tok = coco_tokenize
         texts = entry.index.captions.meta["texts"]
         self.words: dict[str, int] = {}

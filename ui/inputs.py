@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gradio.utils import get_upload_folder
+
 from search import BadRequest, DatasetCaption, NotReady, SearchError, SearchService, redact_paths
 from ui.render import notice
 
@@ -71,8 +73,6 @@ def read_upload(upload_path: str, max_bytes: int) -> bytes:
     """The bytes of a file the browser uploaded through this UI. Gradio already refuses input paths
     outside its upload folder (app/api/main.py marks the mounted Blocks as launched for that); this
     checks again, and reads only regular files, never more than ``max_bytes`` (no device files, no FIFOs)."""
-    from gradio.utils import get_upload_folder
-
     try:
         p = Path(upload_path).resolve(strict=True)
         st = p.stat()

@@ -12,6 +12,8 @@ import io
 from collections.abc import Callable
 from typing import Any
 
+from PIL import Image
+
 from search import SearchError, SearchResult, SearchService
 
 ThumbSrc = Callable[[int, "str | None", int], str]
@@ -246,8 +248,6 @@ def query_html(service: SearchService, model: str, res: SearchResult, thumbs: Th
 
 def _upload_preview(data: bytes, size: int = 256) -> str:
     try:
-        from PIL import Image
-
         img = Image.open(io.BytesIO(data))
         img = img.convert("RGB")
         img.thumbnail((size, size))

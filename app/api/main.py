@@ -21,6 +21,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+import faiss
+import torch
 from fastapi import FastAPI
 
 from app.api.errors import ClientGoneMiddleware, install_error_handlers
@@ -29,7 +31,11 @@ from app.api.prom import PrometheusMiddleware, Registry
 from app.api.routers import caption, deps, docs, explain, health, media, metrics, search
 from app.api.security import AccessMiddleware
 from app.api.settings import Settings, load_settings
+from app.api.ui_guard import UIGuardMiddleware, UploadCache
+from indexer.index import read_manifest, resolve_checkpoint
 from search import CaptionService, SearchService
+from search.files import private_folder, private_folder_or_temp
+from training.features import default_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +44,6 @@ log = logging.getLogger(__name__)
 def apply_thread_settings(settings: Settings) -> None:
     """Process-wide: intra-op threads of torch and OpenMP threads of FAISS (0 = leave as is).
     Called by the server entry points, not by create_app (tests share the process)."""
-    import faiss
-    import torch
-
     if settings.torch_threads > 0:
         torch.set_num_threads(settings.torch_threads)
     if settings.faiss_threads > 0:
@@ -70,6 +73,8 @@ async def lifespan(app: FastAPI):
 
 def _mount_ui(app: FastAPI, service: SearchService, captions: CaptionService, settings: Settings) -> None:
     """The Gradio UI at /ui, calling the same service objects as the routers (never HTTP)."""
+    # lazy: gradio (and the ui package, which imports it at its top) takes ~4 s to import; API-only
+    # servers (ui=false) and the tests' apps never need it
     import gradio as gr
 
     from ui.app import UILimits, build_ui
@@ -94,9 +99,6 @@ def ui_upload_folder() -> Path:
     (PermissionError when it is not private), else ``ui-uploads`` in the cache folder (or a private
     temporary folder), exported as ``$GRADIO_TEMP_DIR`` for Gradio and the worker processes. Gradio's
     default, ``$TMPDIR/gradio``, is shared and predictable."""
-    from search.files import private_folder, private_folder_or_temp
-    from training.features import default_cache_dir
-
     if os.environ.get("GRADIO_TEMP_DIR"):
         return private_folder(os.environ["GRADIO_TEMP_DIR"])
     folder = private_folder_or_temp(default_cache_dir() / "ui-uploads", "ltd-ui-uploads-")
@@ -105,8 +107,6 @@ def ui_upload_folder() -> Path:
 
 
 def _ui_guard(app: FastAPI, settings: Settings) -> None:
-    from app.api.ui_guard import UIGuardMiddleware, UploadCache
-
     folder = ui_upload_folder()
     cache = UploadCache(folder, max_bytes=settings.ui_cache_bytes, max_age=settings.ui_cache_seconds,
                         max_files=settings.ui_cache_files)
@@ -115,8 +115,6 @@ def _ui_guard(app: FastAPI, settings: Settings) -> None:
 
 def _private_paths(settings: Settings) -> list[str]:
     """Folders Gradio must never serve from: the index directories and their checkpoints' folders."""
-    from indexer.index import read_manifest, resolve_checkpoint
-
     out = set()
     for name, d in settings.models.items():
         out.add(str(Path(d).resolve()))

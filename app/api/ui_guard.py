@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import anyio
+from PIL import Image
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.errors import error_body
@@ -69,8 +70,6 @@ def check_file_values(data: object, upload_dir: Path) -> int:
 
 def is_image_file(path: Path) -> bool:
     """Starts with an image type's magic bytes and opens as an image (the header only, no decode)."""
-    from PIL import Image
-
     try:
         with open(path, "rb") as f:
             if sniff_image_type(f.read(16)) is None:

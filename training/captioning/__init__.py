@@ -4,5 +4,5 @@ A Top-Down captioner over EfficientNet-Lite0 grid features, trained with cross-e
 sampling) and then self-critically with CIDEr-D plus a retrieval reward from a frozen dual encoder
 (a project retrieval checkpoint). One file per concept: ``vocab``, ``model``, ``decoding``,
 ``cider``, ``retrieval_reward``, ``scst``, ``xe``, ``negatives``, ``data``, ``config``,
-``checkpoint``, ``loop``.
+``checkpoint``, ``inference``, ``run`` (what a run holds), ``steps``, ``loop``, ``plots``.
 """

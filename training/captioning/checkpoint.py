@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from training.captioning.config import CaptionConfig, caption_config_from_dict
+from training.captioning.data import CaptionData
 from training.captioning.model import TopDownCaptioner, build_captioner
 from training.captioning.vocab import CaptionVocab
 from training.checkpoint import (
@@ -29,9 +29,6 @@ from training.checkpoint import (
 )
 from training.config import ConfigError
 from training.errors import UserValueError
-
-if TYPE_CHECKING:
-    from training.captioning.data import CaptionData
 
 KIND = "ltd-captioner"
 REQUIRED = ("kind", "model", "config", "vocab", "feat_dim")

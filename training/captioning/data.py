@@ -27,6 +27,7 @@ from training.config import ConfigError
 from training.data.karpathy import Dataset, DatasetError, Split, labelled_mask, load_karpathy, tokenize
 from training.features import FeatureStore, extract_features
 from training.models.backbones import EfficientNetLite0, grid_regions
+from training.prepare import resolve_dataset_path
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,6 @@ FEAT_CHANNELS = 1280
 
 
 def resolve_path(cfg: CaptionConfig, show_progress: bool = True) -> Path:
-    from training.prepare import resolve_dataset_path
-
     d = cfg.data
     return resolve_dataset_path(d.path, cache_dir=d.cache_dir, synthetic_images=d.synthetic_images,
                                 synthetic_seed=d.synthetic_seed, show_progress=show_progress)

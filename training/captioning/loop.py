@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,11 +31,10 @@ from training.captioning import checkpoint as ckpt_io
 from training.captioning.checkpoint import CaptionProgress
 from training.captioning.config import CaptionConfig
 from training.captioning.data import FEAT_CHANNELS, CaptionData, prepare_captioning, regions
-from training.captioning.decoding import Specials
 from training.captioning.inference import decode_regions, specials
 from training.captioning.model import TopDownCaptioner, build_captioner
-from training.captioning.negatives import NegativeSampler
-from training.captioning.retrieval_reward import Judge, load_judge
+from training.captioning.retrieval_reward import load_judge
+from training.captioning.run import CaptionRun
 from training.captioning.scst import SelfRetrievalReward
 from training.captioning.steps import scst_step, set_up_negatives, xe_step
 from training.captioning.vocab import CaptionVocab, sequence_lengths
@@ -121,27 +120,6 @@ def train_captioner(cfg: CaptionConfig, run_dir: str | Path, *, resume: bool = F
 
 
 # ---- set-up --------------------------------------------------------------------------------------
-@dataclass
-class CaptionRun:
-    """What a captioner run holds between its steps: the set-up, and where it stands (``at``)."""
-
-    cfg: CaptionConfig
-    data: CaptionData
-    run_dir: Path
-    device: torch.device
-    model: TopDownCaptioner
-    optimizer: torch.optim.Optimizer  # the current stage's (each stage starts its own)
-    judge: Judge | None  # the frozen retrieval model of the self-retrieval reward (train.retrieval)
-    reward: SelfRetrievalReward
-    specials: Specials  # the vocabulary's special ids, for sampling
-    show_progress: bool
-    at: CaptionProgress = field(default_factory=CaptionProgress)
-    mlog: MetricsLog = field(default_factory=lambda: MetricsLog(None, None))  # a run built by hand logs nowhere
-    rank: distributed.Rank = field(default_factory=distributed.Rank)  # this process's place (rank 0 of 1 alone)
-    negatives: NegativeSampler | None = None  # SR-PL's unlabelled negatives (:func:`set_up_negatives`)
-    pool_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # their dataset rows
-
-
 def set_up(cfg: CaptionConfig, data: CaptionData, device: torch.device, run_dir: Path,
            show_progress: bool) -> CaptionRun:
     """Model (seeded), judge, reward and the first stage's optimiser: XE's, or SCST's when there are no

@@ -19,9 +19,12 @@ import numpy as np
 import torch
 
 from training import choices
+from training.checkpoint import load_checkpoint, model_from_checkpoint
 from training.errors import UserValueError
+from training.losses import similarity_fn
 from training.models.dual_encoder import DualEncoder
 from training.models.text_encoder import GRUTextEncoder, move_batch
+from training.prepare import image_features
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +91,6 @@ class Judge:
         img = self.images[image_rows]
         if self.model.similarity == "cosine":
             return caption_emb @ img.T
-        from training.losses import similarity_fn
         return similarity_fn(self.model.similarity)(img, caption_emb).T
 
 
@@ -96,9 +98,6 @@ def load_judge(checkpoint: str | Path, dataset, caption_words: list[str], *, cac
                device: str = "cpu", show_progress: bool = True) -> Judge:
     """Rebuild a retrieval checkpoint (loaded with weights_only=True) and embed every image of
     ``dataset`` with it, from the feature cache of the backbone settings it was trained with."""
-    from training.checkpoint import load_checkpoint, model_from_checkpoint
-    from training.prepare import image_features
-
     ckpt = load_checkpoint(checkpoint)
     model, _, jcfg = model_from_checkpoint(ckpt, device=device)
     jcfg.data.cache_dir = cache_dir or jcfg.data.cache_dir

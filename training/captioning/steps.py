@@ -12,7 +12,6 @@ means.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,12 +22,10 @@ from training.captioning.decoding import sample
 from training.captioning.inference import decode_regions
 from training.captioning.negatives import NegativeSampler
 from training.captioning.retrieval_reward import unlabelled_ranks
+from training.captioning.run import CaptionRun
 from training.captioning.scst import mean_of_others, scst_loss
 from training.captioning.vocab import sequence_lengths
 from training.captioning.xe import xe_loss
-
-if TYPE_CHECKING:
-    from training.captioning.loop import CaptionRun
 
 log = logging.getLogger(__name__)
 

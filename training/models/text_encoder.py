@@ -18,6 +18,7 @@ from training.data.vocab import Vocab, pad_batch
 from training.errors import UserValueError
 from training.models.heads import ProjectionHead
 from training.models.text_runtimes import torch_sentence_embeddings
+from training.targets import compute_targets, load_sentence_model
 
 MEMORY_MAX = 500_000  # frozen sentence embeddings kept in memory (a long-running server must not grow without bound)
 CORPUS_MIN = 512      # embed_corpus: fewer new texts than this stay in memory only
@@ -72,8 +73,6 @@ class SBERTTextEncoder(nn.Module):
     def __init__(self, model_path: str, embed_dim: int, *, train_layers: int = -1, head: str = "mlp",
                  head_hidden: int = 2048, batchnorm: bool = False, max_len: int = 40, cache_dir: str = ""):
         super().__init__()
-        from training.targets import load_sentence_model
-
         self.st = load_sentence_model(model_path)
         # word pieces: a caption of max_len words rarely needs more than 2 per word (+ CLS/SEP)
         self.st.max_seq_length = min(self.st.max_seq_length, 2 * max_len + 2)
@@ -107,8 +106,6 @@ class SBERTTextEncoder(nn.Module):
         and for fewer than CORPUS_MIN new texts (queries stay in memory: no file per request)."""
         if not self.frozen:
             return
-        from training.targets import compute_targets
-
         uniq = list(dict.fromkeys(texts))
         if sum(t not in self._memory for t in uniq) < CORPUS_MIN:
             return

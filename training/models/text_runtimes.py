@@ -100,7 +100,7 @@ def export_sentence_onnx(st, cache_dir: str | Path = "") -> Path:
 
 
 def _onnxruntime(path: Path, threads: int) -> Callable[[dict], np.ndarray]:
-    import onnxruntime as ort
+    import onnxruntime as ort  # lazy: optional extra (.[fast])
 
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
@@ -113,7 +113,7 @@ def _onnxruntime(path: Path, threads: int) -> Callable[[dict], np.ndarray]:
 
 
 def _openvino(path: Path, threads: int, bf16: bool) -> Callable[[dict], np.ndarray]:
-    import openvino as ov
+    import openvino as ov  # lazy: optional extra (.[fast])
 
     core = ov.Core()
     # LATENCY: one stream using every thread: queries arrive as one (micro-)batch from one batcher thread
