@@ -121,11 +121,13 @@ def test_xe_then_scst_is_the_simple_reference(data, tmp_path):
 KILLED = textwrap.dedent('''
     import json, os, signal, sys
     from pathlib import Path
+    import torch
     from training.captioning import checkpoint as ck
     from training.captioning.config import load_caption_config
     from training.captioning.loop import train_captioner
 
     run, stage, preset, sets = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+    torch.set_num_threads(int(sys.argv[5]))  # the parent's: a float sum over other threads differs in its last bits
     real = ck.save_caption_checkpoint
 
     def save_then_die(path, payload):
@@ -145,7 +147,8 @@ def test_a_run_killed_mid_epoch_resumes_as_if_never_stopped(data, tmp_path, stag
     sets = TINY + ["xe.epochs=1", "train.checkpoint_every=2"]
     full = train_captioner(load_caption_config(PRESET, sets), tmp_path / "full", data=data, show_progress=False)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", KILLED, str(tmp_path / "part"), stage, PRESET, json.dumps(sets)], env=env,
+    proc = subprocess.run([sys.executable, "-c", KILLED, str(tmp_path / "part"), stage, PRESET, json.dumps(sets),
+                           str(torch.get_num_threads())], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     ck = torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)
