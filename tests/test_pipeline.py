@@ -130,7 +130,7 @@ def test_demo_captioning_trains_the_control_and_the_referee_and_reuses(tmp_path,
     assert json.loads((root / "indexes" / "referee" / "manifest.json").read_text())["dataset"]["split"] == "test"
     mtimes = {p: p.stat().st_mtime for p in root.rglob("*.pt")} | {p: p.stat().st_mtime for p in root.rglob("report.json")}
     served = {}
-    monkeypatch.setattr("app.cli.serve.serve", lambda settings, **kw: served.update(settings=settings, **kw) or 0)
+    monkeypatch.setattr("app.cli.demo.serve", lambda settings, **kw: served.update(settings=settings, **kw) or 0)
     assert main([a for a in args if a != "--no-serve"]) == 0  # re-running reuses every run, index and report …
     assert {p: p.stat().st_mtime for p in mtimes} == mtimes
     # … and serves the four captioners beside the retrieval models and the referee (uvicorn replaced)
