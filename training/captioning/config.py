@@ -75,7 +75,7 @@ class SCSTConfig(Section):
     lr: Positive = 5e-5
     cider_weight: float = 1.0
     cider_eos: bool = True  # the CIDEr-D reward counts the end token as a word (self-critical.pytorch's reward);
-    # false: the earlier reward without it (RESULTS §6c's superseded rows)
+    # false: the earlier reward without it (RESULTS.md's Flickr8k captioning rows)
     alpha: NonNegative = 0.0  # weight of the retrieval reward r_ret = -L_ret (paper: 1; ablation 0, 1, 4)
     retrieval_loss: C.RetrievalLoss = "vse_max"  # vse_max (VSE++ max of hinges) | vse_sum (VSE0) | softmax (InfoNCE)
     margin: float = 0.2

@@ -1,4 +1,4 @@
-"""RESULTS §6c, the 2026-11-26 re-run (converged XE, the end token in the reward, no <unk>, the Java-exact
+"""LOG.md §6c, the 2026-11-26 re-run (converged XE, the end token in the reward, no <unk>, the Java-exact
 tokenizer): mean5/'s table of the captioners that were re-run, with a 95 % t-interval over seeds on
 every seed-matched difference.   python aggregate.py EVAL_FOLDER  ({xe,scst,srfl_bl,...}_s{0,1,2}/report.json)"""
 import sys

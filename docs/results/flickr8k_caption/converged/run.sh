@@ -1,5 +1,5 @@
 #!/bin/bash
-# RESULTS §6c re-run (2026-11-26, issues 39 item 7 and 43): the mean5/ table's captioners with XE trained
+# LOG.md §6c re-run (2026-11-26, issues 39 item 7 and 43): the mean5/ table's captioners with XE trained
 # to convergence on val (caption_flickr8k_xe: up to 60 epochs, patience 5), the SCST reward counting the
 # end token (scst.cider_eos), decoders that never emit <unk>, and the Java-exact PTB tokenizer in eval.
 #   J=runs/judges CAP=runs/cap2 bash run.sh JOB      one job at a time (each at one thread)

@@ -1,4 +1,4 @@
-"""RESULTS §6c "Independent judges": python aggregate.py [FOLDER] (default: this folder)."""
+"""LOG.md §6c "Independent judges": python aggregate.py [FOLDER] (default: this folder)."""
 import json, sys
 from pathlib import Path
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# RESULTS §6c, "Independent judges": every SR-FL captioner (3 seeds x {bl, ltd} judge) evaluated under
+# LOG.md §6c, "Independent judges": every SR-FL captioner (3 seeds x {bl, ltd} judge) evaluated under
 # the two training judges and three retrieval models no captioner trained against.
 #   CAP=runs/cap VSRN=experiments/flickr8k_vsrn_short/runs OUT=runs/capjudge sh run.sh
 # CAP holds srfl_{bl,ltd} (seed 0) and s1/, s2/ with the same; VSRN is the §6b grid's runs folder.

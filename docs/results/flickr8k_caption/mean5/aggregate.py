@@ -1,4 +1,4 @@
-"""RESULTS §6c "SCST that moves": mean ± std over seeds of every captioner's test report, and the
+"""LOG.md §6c "SCST that moves": mean ± std over seeds of every captioner's test report, and the
 seed-matched differences SCST − XE and SR-FL − SCST.   python aggregate.py [EVAL_FOLDER]
 (EVAL_FOLDER holds {xe,scst,srfl_bl,srfl_ltd}_s{0,1,2}/report.json; default: this folder)."""
 import sys

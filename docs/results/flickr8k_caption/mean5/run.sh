@@ -1,5 +1,5 @@
 #!/bin/bash
-# RESULTS §6c, "SCST that moves": per seed, XE, then from the same XE checkpoint SCST-CIDEr and SR-FL
+# LOG.md §6c, "SCST that moves": per seed, XE, then from the same XE checkpoint SCST-CIDEr and SR-FL
 # under each judge, with the val-chosen SCST setting (5 samples per image, mean-of-others baseline,
 # temperature 0.5, batch 10, 40 distractors for the retrieval reward), then beam-5 test evaluation
 # of every captioner under both judges.

@@ -1,4 +1,4 @@
-"""RESULTS §6c "Making SCST move": val CIDEr-D (greedy, ×100) after each SCST epoch of every sweep
+"""LOG.md §6c "Making SCST move": val CIDEr-D (greedy, ×100) after each SCST epoch of every sweep
 variant, the best epoch, seconds per epoch and the sampled captions' mean CIDEr-D reward over the
 first and the last 100 steps.   python aggregate.py runs/cap/scst_sweep > sweep.md"""
 import json

@@ -1,5 +1,5 @@
 #!/bin/bash
-# RESULTS §6c, "Making SCST move": SCST-CIDEr variants from one XE checkpoint, chosen on val CIDEr-D.
+# LOG.md §6c, "Making SCST move": SCST-CIDEr variants from one XE checkpoint, chosen on val CIDEr-D.
 #   XE=runs/cap/xe_s0/best.pt OUT=runs/cap/scst_sweep bash run.sh [variant ...]
 # EXTRA="train.num_threads=1" runs two lists side by side on 2 cores (as measured).
 set -e

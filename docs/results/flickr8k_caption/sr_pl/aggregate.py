@@ -1,4 +1,4 @@
-"""RESULTS §6c "Partially labelled data (SR-PL)": mean ± std over seeds of every labelled-half
+"""LOG.md §6c "Partially labelled data (SR-PL)": mean ± std over seeds of every labelled-half
 captioner's test report and the seed-matched differences.   python aggregate.py [EVAL_FOLDER]
 (EVAL_FOLDER holds {xeh,cidh,srflh,srpl,srpl_random,srpl_hardest,srpl_1to10,srpl_100to1000}_s{0,1,2}/report.json;
 default: this folder; missing kinds are left out).

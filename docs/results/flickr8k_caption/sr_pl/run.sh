@@ -1,5 +1,5 @@
 #!/bin/bash
-# RESULTS §6c, "Partially labelled data (SR-PL)": the captions of half the Flickr8k training images are
+# LOG.md §6c, "Partially labelled data (SR-PL)": the captions of half the Flickr8k training images are
 # hidden (data.labelled_fraction=0.5, the half drawn from train.seed). Per seed:
 #   judge_s — the self-retrieval judge trained on the labelled half only (ltd train --config
 #             flickr8k_baseline --set data.train_fraction=0.5: the same images for the same seed),

@@ -1,4 +1,4 @@
-"""RESULTS §6c "Choosing the negatives' rank range on val": the rule of run.sh's `val` stage, applied.
+"""LOG.md §6c "Choosing the negatives' rank range on val": the rule of run.sh's `val` stage, applied.
     python select_range.py [VAL_FOLDER]   (default: ranges/val/; holds {kind}_s{seed}/report.json)
 Each SR-PL range's captioner on the 1,000 val images (beam 5) under the seed's half judge (the teacher).
 Rule, fixed before the runs: the highest mean val self-R@10 under the teacher, among ranges whose mean

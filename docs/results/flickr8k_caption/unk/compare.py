@@ -1,4 +1,4 @@
-"""Issue 43: what the two fixes change on one captioner's test report (RESULTS §6c, "Issue 43").
+"""Issue 43: what the two fixes change on one captioner's test report (LOG.md §6d).
     python compare.py DEFAULT_EVAL ALLOW_UNK_EVAL [OLD_COMMIT]
 DEFAULT_EVAL / ALLOW_UNK_EVAL: `ltd caption eval` folders of the same checkpoint without and with
 --allow-unk (run.sh). Prints the share of captions with <unk> when it is allowed, and CIDEr-D / BLEU-4 of
