@@ -83,7 +83,6 @@ LAZY_IMPORTS = {
     ("training/models/backbones.py", "torchvision"): "optional; no torchvision build matches torch 2.13 here",
     ("training/models/runtimes.py", "onnxruntime"): "optional extra .[fast]",
     ("training/models/runtimes.py", "openvino"): "optional extra .[fast]",
-    ("training/models/text_runtimes.py", "onnxruntime"): "optional extra .[fast]",
     ("training/models/text_runtimes.py", "openvino"): "optional extra .[fast]",
     ("indexer/caption_metrics.py", "pycocoevalcap"): "optional extra .[caption]",
     ("indexer/ray_engine.py", "ray"): "optional extra .[ray]",

@@ -97,16 +97,23 @@ def weights_digest(module: nn.Module) -> str:
 
 def export_onnx(tap: Tap, image_size: int, cache_dir: str | Path = "") -> Path:
     """The tap exported to ONNX (batch dimension dynamic), written once, atomically, into the cache."""
-    key = f"effnet_{tap.features}_{image_size}_{weights_digest(tap)}_torch{torch.__version__.split('+')[0]}"
-    path = default_cache_dir(str(cache_dir)) / "engines" / f"{key}.onnx"
+    x = torch.zeros(1, 3, image_size, image_size)
+    return onnx_once(f"effnet_{tap.features}_{image_size}_{weights_digest(tap)}", tap.eval(), (x,), ["x"],
+                     {"x": {0: "batch"}, "y": {0: "batch"}}, cache_dir, "the image encoder")
+
+
+def onnx_once(key: str, module: nn.Module, args: tuple, input_names: list[str], dynamic_axes: dict,
+              cache_dir: str | Path, what: str) -> Path:
+    """``module`` exported to ``CACHE/engines/KEY_torchVERSION.onnx`` (output "y") unless that file exists;
+    written atomically, so a killed export leaves nothing that a later run would load."""
+    path = default_cache_dir(str(cache_dir)) / "engines" / f"{key}_torch{torch.__version__.split('+')[0]}.onnx"
     if path.is_file():
         return path
-    log.info("exporting the image encoder to ONNX (%s), once", path.name)
-    x = torch.zeros(1, 3, image_size, image_size)
+    log.info("exporting %s to ONNX (%s), once", what, path.name)
     with atomic_path(path) as tmp, warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")  # tracer warnings about python ints: the padding is fixed per image size
-        torch.onnx.export(tap.eval(), (x,), str(tmp), input_names=["x"], output_names=["y"],
-                          dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}}, opset_version=17, dynamo=False)
+        warnings.simplefilter("ignore")  # tracer warnings about python ints (fixed paddings, attention masks)
+        torch.onnx.export(module, args, str(tmp), input_names=input_names, output_names=["y"],
+                          dynamic_axes=dynamic_axes, opset_version=17, dynamo=False)
     return path
 
 
@@ -114,13 +121,20 @@ def _threads() -> int:
     return max(1, torch.get_num_threads())
 
 
-def _onnxruntime(path: Path) -> Callable[[np.ndarray], np.ndarray]:
+def ort_session(path: Path, *, spinning: bool = True):
+    """An ONNX Runtime CPU session with torch's thread count; ``spinning=False``: no busy-waiting between calls."""
     import onnxruntime as ort  # lazy: optional extra (.[fast])
 
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = _threads(), 1
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    if not spinning:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def _onnxruntime(path: Path) -> Callable[[np.ndarray], np.ndarray]:
+    sess = ort_session(path)
     return lambda x: sess.run(None, {"x": x})[0]
 
 

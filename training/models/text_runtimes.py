@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -33,10 +32,15 @@ import torch
 from torch import nn
 
 from training.choices import TextRuntime, names
-from training.env import default_cache_dir
-from training.fsio import atomic_path
 from training.models.backbones import cpu_bf16_fast
-from training.models.runtimes import RuntimeUnavailable, compile_openvino, installed, weights_digest
+from training.models.runtimes import (
+    RuntimeUnavailable,
+    compile_openvino,
+    installed,
+    onnx_once,
+    ort_session,
+    weights_digest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,31 +88,16 @@ class MeanPooled(nn.Module):
 def export_sentence_onnx(st, cache_dir: str | Path = "") -> Path:
     """The sentence model's transformer + mean pooling as ONNX (batch and length dynamic), once."""
     graph = MeanPooled(st[0].auto_model).eval()
-    key = f"sentence_{weights_digest(graph)}_len{st.max_seq_length}_torch{torch.__version__.split('+')[0]}"
-    path = default_cache_dir(str(cache_dir)) / "engines" / f"{key}.onnx"
-    if path.is_file():
-        return path
-    log.info("exporting the caption encoder to ONNX (%s), once", path.name)
     example = tokens(st, ["a dog runs on the grass", "two people"])
-    args = tuple(example[k] for k in INPUTS)
     axes = {k: {0: "batch", 1: "tokens"} for k in INPUTS} | {"y": {0: "batch"}}
-    with atomic_path(path) as tmp, warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")  # tracer warnings about python ints in the attention mask code
-        torch.onnx.export(graph, args, str(tmp), input_names=list(INPUTS), output_names=["y"],
-                          dynamic_axes=axes, opset_version=17, dynamo=False)
-    return path
+    return onnx_once(f"sentence_{weights_digest(graph)}_len{st.max_seq_length}", graph, tuple(example[k] for k in INPUTS),
+                     list(INPUTS), axes, cache_dir, "the caption encoder")
 
 
-def _onnxruntime(path: Path, threads: int) -> Callable[[dict], np.ndarray]:
-    import onnxruntime as ort  # lazy: optional extra (.[fast])
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+def _onnxruntime(path: Path) -> Callable[[dict], np.ndarray]:
     # no busy-waiting between calls: in a server the request threads need those cores (OMP_WAIT_POLICY=PASSIVE
     # for torch, likewise); alone it costs ~1.4 ms at one query, nothing at 8+ (measured on the 2-core Xeon)
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    sess = ort_session(path, spinning=False)
     return lambda feed: sess.run(None, feed)[0]
 
 
@@ -195,7 +184,7 @@ class SentenceRuntime:
             path = export_sentence_onnx(st, cache_dir)
             threads = max(1, torch.get_num_threads())
             ov_bf16 = self.name == "openvino" and cpu_bf16_fast()
-            self._run = _onnxruntime(path, threads) if self.name == "onnxruntime" else _openvino(path, threads, ov_bf16)
+            self._run = _onnxruntime(path) if self.name == "onnxruntime" else _openvino(path, threads, ov_bf16)
             self.precision = "bf16" if ov_bf16 else "fp32"
         else:
             self.bf16 = bf16 and self.device.type == "cpu" and cpu_bf16_fast()
