@@ -190,9 +190,6 @@ class SentenceRuntime:
             self.bf16 = bf16 and self.device.type == "cpu" and cpu_bf16_fast()
             self.precision = "bf16" if self.bf16 else "fp32"
 
-    def describe(self) -> str:
-        return f"{self.name} ({self.precision}; {self.why})"
-
     @torch.no_grad()
     def __call__(self, texts: Sequence[str]) -> torch.Tensor:
         texts = list(texts)
