@@ -63,12 +63,16 @@ def _check(status: int, data: bytes, k: int) -> str | None:
 
 
 async def run_load(host: str, port: int, queries: list[str], model: str, k: int, concurrency: int,
-                   max_seconds: float, client: str, path: str = "/api/search/text") -> dict:
+                   max_seconds: float, client: str, path: str = "/api/search/text", settle: int = 0) -> dict:
+    """Send ``queries`` over ``concurrency`` keep-alive connections. The first ``settle`` requests open the
+    connections and wake an idle server: checked for errors, but timed apart (``settle_ms``) and left out of
+    the latencies and the throughput, which start when request ``settle`` is sent."""
     bodies = [json.dumps({"query": q, "model": model, "k": k}).encode() for q in queries]
     lat = np.full(len(bodies), np.nan)
     errors: dict[str, int] = {}
     next_i = 0
     deadline = time.perf_counter() + max_seconds
+    started = [time.perf_counter()]  # when the timed part began
 
     async def worker(send) -> None:
         nonlocal next_i
@@ -76,6 +80,8 @@ async def run_load(host: str, port: int, queries: list[str], model: str, k: int,
             i = next_i
             next_i += 1
             t0 = time.perf_counter()
+            if i == settle:
+                started[0] = t0
             try:
                 status, data = await send(bodies[i])
                 why = _check(status, data, k)
@@ -85,7 +91,6 @@ async def run_load(host: str, port: int, queries: list[str], model: str, k: int,
             if why:
                 errors[why] = errors.get(why, 0) + 1
 
-    t0 = time.perf_counter()
     if client == "httpx":
         import httpx
 
@@ -111,9 +116,9 @@ async def run_load(host: str, port: int, queries: list[str], model: str, k: int,
         await asyncio.gather(*(worker(sender(c)) for c in conns))
         for c in conns:
             await c.close()
-    wall = time.perf_counter() - t0
-    done = lat[~np.isnan(lat)] * 1000
-    return summary(done, wall) | {"errors": errors}
+    wall = time.perf_counter() - started[0]
+    timed, first = lat[settle:], lat[:settle]
+    return summary(timed[~np.isnan(timed)] * 1000, wall) | {"errors": errors, "settle_ms": first[~np.isnan(first)] * 1000}
 
 
 def summary(lat_ms: np.ndarray, wall: float) -> dict:
@@ -125,6 +130,8 @@ def summary(lat_ms: np.ndarray, wall: float) -> dict:
 def merged(parts: list[dict]) -> dict:
     """Rounds of the same measurement as one: all latencies, total requests over total wall time."""
     out = summary(np.concatenate([r["lat_ms"] for r in parts]), sum(r["wall_s"] for r in parts))
+    if "settle_ms" in parts[0]:
+        out["settle_ms"] = np.concatenate([r["settle_ms"] for r in parts])
     out |= {k: sum(r[k] for r in parts) for k in ("cpu_s", "client_cpu_s") if k in parts[0]}
     errors: dict[str, int] = {}
     for r in parts:

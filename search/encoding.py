@@ -143,16 +143,27 @@ class FrozenTowerQueries:
         return self.text(batch)
 
 
-def query_encoder(text: torch.nn.Module, runtime: str, quantize: bool) -> tuple[object, dict[str, str]]:
-    """(encoder for queries, what runs it: runtime, precision, why) for a model's text encoder."""
+def serving_threads(asked: int = 0) -> int:
+    """Threads of a query engine (OpenVINO, ONNX Runtime) in a server: ``asked``, else one fewer than torch's
+    (at least 1). The request path (event loop, ranking, the encoder's own Python) needs a core of its own:
+    on the 2-core Xeon, OpenVINO with 2 threads took 2.29 CPU ms a query at a batch of 8 for 1.3× the speed
+    of 1 thread at 1.62 — it spins — and the API served more with 1 (BENCHMARKS.md, "REST API load")."""
+    return asked or max(1, torch.get_num_threads() - 1)
+
+
+def query_encoder(text: torch.nn.Module, runtime: str, quantize: bool, threads: int = 0) -> tuple[object, dict[str, str]]:
+    """(encoder for queries, what runs it: runtime, precision, threads, why) for a model's text encoder;
+    ``threads`` as for :func:`serving_threads`."""
     if quantize:
         text = quantized(text)
     if isinstance(text, SBERTTextEncoder) and text.frozen:
-        rt = SentenceRuntime(text.st, "torch", bf16=False) if quantize else SentenceRuntime(text.st, runtime)
-        info = {"runtime": rt.name, "precision": "int8" if quantize else rt.precision, "why": rt.why}
+        rt = (SentenceRuntime(text.st, "torch", bf16=False) if quantize
+              else SentenceRuntime(text.st, runtime, threads=serving_threads(threads)))
+        info = {"runtime": rt.name, "precision": "int8" if quantize else rt.precision,
+                "threads": str(rt.threads or torch.get_num_threads()), "why": rt.why}
         return FrozenTowerQueries(text, rt), info
     return text, {"runtime": "torch", "precision": "int8" if quantize else "model's",
-                  "why": "only a frozen sentence-transformers tower runs elsewhere"}
+                  "threads": str(torch.get_num_threads()), "why": "only a frozen sentence-transformers tower runs elsewhere"}
 
 
 class QueryEncoder:
@@ -160,9 +171,9 @@ class QueryEncoder:
     direct encoder call). ``attach(entry)`` prepares a model once it is loaded."""
 
     def __init__(self, *, cache_size: int = 4096, batching: bool = True, max_batch: int = 64, quantize: bool = False,
-                 runtime: str = "auto"):
+                 runtime: str = "auto", runtime_threads: int = 0):
         self.cache_size, self.batching, self.max_batch, self.quantize = cache_size, batching, max_batch, quantize
-        self.runtime = runtime
+        self.runtime, self.runtime_threads = runtime, runtime_threads
         self.runtimes: dict[str, dict[str, str]] = {}  # model → what encodes its queries (/metrics, the logs)
         self._encoders: dict[str, object] = {}
         self._batchers: dict[str, TextBatcher] = {}
@@ -171,9 +182,11 @@ class QueryEncoder:
         self.hits = self.misses = 0
 
     def attach(self, entry: ModelEntry) -> None:
-        self._encoders[entry.name], self.runtimes[entry.name] = query_encoder(entry.model.text, self.runtime, self.quantize)
+        self._encoders[entry.name], self.runtimes[entry.name] = query_encoder(entry.model.text, self.runtime, self.quantize,
+                                                                              self.runtime_threads)
         r = self.runtimes[entry.name]
-        log.info("model %s: queries encoded by %s (%s; %s)", entry.name, r["runtime"], r["precision"], r["why"])
+        log.info("model %s: queries encoded by %s (%s, %s threads; %s)", entry.name, r["runtime"], r["precision"],
+                 r["threads"], r["why"])
         if self.batching:
             self._batchers[entry.name] = TextBatcher(lambda texts, e=entry: self.encode_batch(e, texts),
                                                      max_batch=self.max_batch, name=entry.name)
@@ -192,16 +205,50 @@ class QueryEncoder:
     def encode(self, entry: ModelEntry, text: str) -> np.ndarray:
         """The embedding of an already cleaned text (read-only: it may be shared through the cache)."""
         key = (entry.name, text)
-        if self.cache_size:
-            with self._lock:
-                vec = self._cache.get(key)
-                if vec is not None:
-                    self._cache.move_to_end(key)
-                    self.hits += 1
-                    return vec
-                self.misses += 1
+        vec = self._cached(key)
+        if vec is not None:
+            return vec
         b = self._batchers.get(entry.name)
-        vec = b.encode(text) if b is not None else self.encode_batch(entry, [text])[0]
+        return self._store(key, b.encode(text) if b is not None else self.encode_batch(entry, [text])[0])
+
+    def submit(self, entry: ModelEntry, text: str) -> Future | None:
+        """``encode`` for a caller that must not block (an event loop): the embedding as a Future, resolved
+        at once from the cache, otherwise by the model's batcher thread (never on the caller's thread).
+        None without a batcher: the caller encodes on a worker thread instead."""
+        key = (entry.name, text)
+        vec = self._cached(key)
+        if vec is not None:
+            done: Future = Future()
+            done.set_result(vec)
+            return done
+        b = self._batchers.get(entry.name)
+        if b is None:
+            return None
+        fut = b.submit(text)
+        out: Future = Future()
+
+        def stored(f: Future) -> None:  # on the batcher thread, after each encoder call
+            if f.exception() is not None:
+                out.set_exception(f.exception())
+            else:
+                out.set_result(self._store(key, f.result()))
+
+        fut.add_done_callback(stored)
+        return out
+
+    def _cached(self, key: tuple[str, str]) -> np.ndarray | None:
+        if not self.cache_size:
+            return None
+        with self._lock:
+            vec = self._cache.get(key)
+            if vec is not None:
+                self._cache.move_to_end(key)
+                self.hits += 1
+                return vec
+            self.misses += 1
+        return None
+
+    def _store(self, key: tuple[str, str], vec: np.ndarray) -> np.ndarray:
         vec.setflags(write=False)
         if self.cache_size:
             with self._lock:

@@ -10,9 +10,12 @@ threads at once; errors are ``search.errors`` types, never HTTP.
 """
 from __future__ import annotations
 
+import asyncio
 import time
+from functools import partial
 from pathlib import Path
 
+import anyio
 import numpy as np
 import torch
 from pydantic import Field, model_validator
@@ -30,6 +33,11 @@ from search.results import CompareResult, DatasetCaption, ModelInfo, QueryInfo, 
 from training.choices import TextRuntime, VerifyIndex
 from training.config_base import Section
 from training.packaged_models import saw_caption_corpora
+
+# Largest searched side (vectors × dimensions) that ``search_text_async`` ranks on the event loop: FAISS took
+# 0.2 ms for one query against 1,000 × 1,024 (~2^20) on the 2-core Xeon, and its hits another 0.05 ms;
+# larger sides, and approximate indexes of any size, pay a worker-thread hand-off but never stall the loop.
+RANK_ON_LOOP = 1 << 21
 
 
 class SearchConfig(Section):
@@ -58,6 +66,9 @@ class SearchConfig(Section):
     # Engine of a frozen sentence-transformers query tower (training/models/text_runtimes.py): "auto"
     # picks the fastest installed one by measurement; other text encoders always run in torch.
     text_runtime: TextRuntime = "auto"
+    # Threads of that engine when it is OpenVINO or ONNX Runtime (0 = one fewer than the cores, at least 1:
+    # the request path keeps a core; search.encoding.serving_threads).
+    text_runtime_threads: int = Field(0, ge=0)
     # Index check at load: "hash" (sha256 of every data file, default) or "counts" (sizes and counts only,
     # for very large indexes; logged).
     verify_index: VerifyIndex = "hash"
@@ -77,7 +88,7 @@ class SearchService:
         self.config = config = config or SearchConfig()
         self.encoder = QueryEncoder(cache_size=config.text_cache, batching=config.text_batching,
                                     max_batch=config.max_text_batch, quantize=config.text_quantize,
-                                    runtime=config.text_runtime)
+                                    runtime=config.text_runtime, runtime_threads=config.text_runtime_threads)
         self.registry = ModelRegistry(models, checkpoints=checkpoints, device=config.device,
                                       verify=config.verify_index, on_loaded=self.encoder.attach)
         self.uploads = UploadDecoder(max_pixels=config.max_upload_pixels, max_concurrent=config.max_concurrent_decodes)
@@ -173,6 +184,30 @@ class SearchService:
         meta = e.index.images.meta
         return rank(name, e.index.images, self._text_query(e, query, caption_id), k,
                     lambda p: {"filename": meta["filenames"][p]}, direction="t2i", t0=t0)
+
+    async def search_text_async(self, name: str, *, query: str | None = None, caption_id: int | None = None,
+                                k: int = 10) -> SearchResult:
+        """``search_text`` for an event loop, without a worker thread per request: the query is cleaned on
+        the loop, encoded by the model's batcher thread (awaited), and ranked on the loop when the searched
+        side is small enough to cost well under a millisecond (``RANK_ON_LOOP``), otherwise in a worker
+        thread. Under load this drops two thread hand-offs per request and the contention of one request
+        thread per query for the GIL (BENCHMARKS.md, "REST API load"). Dataset captions, and models
+        served without batching, take ``search_text`` in a worker thread."""
+        t0 = time.perf_counter()
+        e, k = self.registry.get(name), self._check_k(k)
+        fut = None
+        if caption_id is None and query is not None:
+            text = self.clean_query(query)
+            fut = self.encoder.submit(e, text)
+        if fut is None:
+            return await anyio.to_thread.run_sync(partial(self.search_text, name, query=query, caption_id=caption_id, k=k))
+        q = Query(await asyncio.wrap_future(fut), QueryInfo(text=text))
+        meta = e.index.images.meta
+        ranked = partial(rank, name, e.index.images, q, k, lambda p: {"filename": meta["filenames"][p]},
+                         direction="t2i", t0=t0)
+        side = e.index.images.index
+        small = side.factory == "Flat" and side.ntotal * side.dim <= RANK_ON_LOOP
+        return ranked() if small else await anyio.to_thread.run_sync(ranked)
 
     def search_image(self, name: str, *, image_id: int | None = None, image_bytes: bytes | None = None,
                      k: int = 10) -> SearchResult:

@@ -15,8 +15,11 @@
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import os
+import sys
+import threading
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -41,13 +44,35 @@ log = logging.getLogger(__name__)
 
 
 # ---- app -------------------------------------------------------------------------------------------
+# The GIL's switch interval in a server process (Python's default is 5 ms). The encoder's thread gives the GIL
+# up inside OpenVINO / FAISS and must win it back from the event loop several times a batch; at 5 ms each
+# such wait could cost up to a quantum. 0.5 ms: +21 % requests/s at concurrency 16 on the 2-core Xeon
+# (BENCHMARKS.md, "REST API load"); 0.1 ms was slower again (switching itself).
+SWITCH_INTERVAL_S = 0.0005
+
+
 def apply_thread_settings(settings: Settings) -> None:
-    """Process-wide: intra-op threads of torch and OpenMP threads of FAISS (0 = leave as is).
-    Called by the server entry points, not by create_app (tests share the process)."""
+    """Process-wide: intra-op threads of torch and OpenMP threads of FAISS (0 = leave as is), and the GIL's
+    switch interval. Called by the server entry points, not by create_app (tests share the process)."""
     if settings.torch_threads > 0:
         torch.set_num_threads(settings.torch_threads)
     if settings.faiss_threads > 0:
         faiss.omp_set_num_threads(settings.faiss_threads)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+
+def freeze_when_loaded(service: SearchService) -> None:
+    """Once the models have loaded, move every object then alive out of the cyclic garbage collector's reach
+    (``gc.freeze``): a full collection otherwise walks the loaded models' and indexes' millions of objects, a
+    pause of 150–550 ms under load (measured with gc.callbacks), which was most of the API's p99. Objects
+    made later are collected as usual. Server processes only (a test process would keep its garbage)."""
+    def watch() -> None:
+        service.registry.ready.wait()
+        gc.collect()
+        gc.freeze()
+        log.info("froze %d objects out of the garbage collector's reach", gc.get_freeze_count())
+
+    threading.Thread(target=watch, name="ltd-gc-freeze", daemon=True).start()
 
 
 @asynccontextmanager
@@ -209,4 +234,6 @@ def create_app_from_env() -> FastAPI:
     """Factory for ``uvicorn --factory`` and worker processes: settings from LTD_* variables."""
     settings = load_settings()
     apply_thread_settings(settings)
-    return create_app(settings)
+    app = create_app(settings)
+    freeze_when_loaded(app.state.service)
+    return app

@@ -48,6 +48,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--text-runtime", choices=names(TextRuntime), default=None,
                    help="engine of a frozen sentence-transformers query encoder (default auto: OpenVINO on a CPU "
                         "with native bf16, else ONNX Runtime, else torch; other encoders run in torch)")
+    p.add_argument("--text-runtime-threads", type=int, default=None, metavar="N",
+                   help="threads of that engine when it is OpenVINO or ONNX Runtime (default: one fewer than the "
+                        "cores, at least 1; the request path keeps a core)")
     p.add_argument("--verify-index", choices=("hash", "counts"), default="hash",
                    help="check index data files by sha256 (default) or only by size and counts (huge indexes)")
     p.add_argument("--access-log", action="store_true", help="log every request (off by default: /metrics counts them)")
@@ -193,7 +196,7 @@ def serve(settings, *, host: str = "127.0.0.1", port: int = 8000, service=None, 
     import uvicorn
 
     from app.api.connections import GuardedHTTPProtocol
-    from app.api.main import apply_thread_settings, create_app
+    from app.api.main import apply_thread_settings, create_app, freeze_when_loaded
 
     if workers < 1:
         raise UserValueError(f"--workers must be at least 1, got {workers}")
@@ -218,6 +221,7 @@ def serve(settings, *, host: str = "127.0.0.1", port: int = 8000, service=None, 
     server = uvicorn.Server(guarded(uvicorn.Config(app, **kw), settings))
     models = app.state.service.registry
     _stop_when_nothing_loads(models, server)
+    freeze_when_loaded(app.state.service)
     _print_urls(host, port, app.state.ui_mounted)
     server.run(sockets=[sock])
     if models.load_error:
@@ -277,6 +281,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["text_quantize"] = True
     if args.text_runtime:
         overrides["text_runtime"] = args.text_runtime
+    if args.text_runtime_threads is not None:
+        overrides["text_runtime_threads"] = args.text_runtime_threads
     settings = load_settings(**overrides)  # LTD_* environment variables fill in the rest
     if not settings.models:
         raise UserValueError("no models: give --model NAME=INDEX_DIR (repeatable), or set LTD_MODELS")

@@ -121,12 +121,13 @@ def _threads() -> int:
     return max(1, torch.get_num_threads())
 
 
-def ort_session(path: Path, *, spinning: bool = True):
-    """An ONNX Runtime CPU session with torch's thread count; ``spinning=False``: no busy-waiting between calls."""
+def ort_session(path: Path, *, spinning: bool = True, threads: int = 0):
+    """An ONNX Runtime CPU session with ``threads`` (0: torch's thread count); ``spinning=False``: no
+    busy-waiting between calls."""
     import onnxruntime as ort  # lazy: optional extra (.[fast])
 
     so = ort.SessionOptions()
-    so.intra_op_num_threads, so.inter_op_num_threads = _threads(), 1
+    so.intra_op_num_threads, so.inter_op_num_threads = threads or _threads(), 1
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if not spinning:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")

@@ -94,10 +94,10 @@ def export_sentence_onnx(st, cache_dir: str | Path = "") -> Path:
                      list(INPUTS), axes, cache_dir, "the caption encoder")
 
 
-def _onnxruntime(path: Path) -> Callable[[dict], np.ndarray]:
+def _onnxruntime(path: Path, threads: int) -> Callable[[dict], np.ndarray]:
     # no busy-waiting between calls: in a server the request threads need those cores (OMP_WAIT_POLICY=PASSIVE
     # for torch, likewise); alone it costs ~1.4 ms at one query, nothing at 8+ (measured on the 2-core Xeon)
-    sess = ort_session(path, spinning=False)
+    sess = ort_session(path, spinning=False, threads=threads)
     return lambda feed: sess.run(None, feed)[0]
 
 
@@ -105,10 +105,11 @@ def _openvino(path: Path, threads: int, bf16: bool) -> Callable[[dict], np.ndarr
     import openvino as ov  # lazy: optional extra (.[fast])
 
     core = ov.Core()
-    # LATENCY: one stream using every thread: queries arrive as one (micro-)batch from one batcher thread
+    # LATENCY: one stream: queries arrive as one (micro-)batch from one batcher thread. Not pinned to cores:
+    # pinned, the encoder's thread waits for its core while the event loop or a request thread runs there
     compiled = compile_openvino(core, core.read_model(str(path)), {
         "INFERENCE_PRECISION_HINT": "bf16" if bf16 else "f32", "INFERENCE_NUM_THREADS": threads,
-        "PERFORMANCE_HINT": "LATENCY"})
+        "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False})
     out = compiled.output(0)
     local = threading.local()  # an infer request serves one call at a time: one per calling thread
 
@@ -172,19 +173,21 @@ class SentenceRuntime:
     Unlike ``SBERTTextEncoder.prepare`` it remembers nothing: a server's query cache is the service's
     bounded LRU, switchable, and counted in /metrics."""
 
-    def __init__(self, st, name: str = "auto", *, cache_dir: str | Path = "", bf16: bool = True):
-        """``bf16=False`` keeps torch's path in fp32 (an int8-quantised tower cannot take bf16 inputs)."""
+    def __init__(self, st, name: str = "auto", *, cache_dir: str | Path = "", bf16: bool = True, threads: int = 0):
+        """``bf16=False`` keeps torch's path in fp32 (an int8-quantised tower cannot take bf16 inputs);
+        ``threads``: of the ONNX Runtime / OpenVINO engine (0: torch's thread count)."""
         self.st = st
         self.device = next(st.parameters()).device
         self.name, self.why = resolve_text_runtime(name, self.device, st)
         self.normalize = type(st[-1]).__name__ == "Normalize"
         self._run: Callable[[dict], np.ndarray] | None = None
-        self.bf16 = False
+        self.bf16, self.threads = False, 0  # threads: the engine's (0 for torch's own path)
         if self.name != "torch":
             path = export_sentence_onnx(st, cache_dir)
-            threads = max(1, torch.get_num_threads())
+            threads = threads or max(1, torch.get_num_threads())
             ov_bf16 = self.name == "openvino" and cpu_bf16_fast()
-            self._run = _onnxruntime(path) if self.name == "onnxruntime" else _openvino(path, threads, ov_bf16)
+            self._run = _onnxruntime(path, threads) if self.name == "onnxruntime" else _openvino(path, threads, ov_bf16)
+            self.threads = threads
             self.precision = "bf16" if ov_bf16 else "fp32"
         else:
             self.bf16 = bf16 and self.device.type == "cpu" and cpu_bf16_fast()

@@ -145,12 +145,12 @@ async def compare_query(request: Request, settings: Annotated[Settings, Depends(
 
 # ---- endpoints -------------------------------------------------------------------------------------
 @router.post("/search/text", response_model=TextSearchResponse, responses=SEARCH_ERRORS)
-def search_text(req: TextSearchRequest, svc: Service) -> Response:
+async def search_text(req: TextSearchRequest, svc: Service) -> Response:
     """Text → images: ``{"query": "a dog on grass", "model": "ltd", "k": 10}``, or ``caption_id`` for a
     dataset caption (then each hit says whether it is the caption's own image, and ``metrics`` has the
     rank of that image, P@k and nDCG@k)."""
     name = req.model or svc.registry.default_name
-    r = svc.search_text(name, query=req.query, caption_id=req.caption_id, k=req.k)
+    r = await svc.search_text_async(name, query=req.query, caption_id=req.caption_id, k=req.k)
     return json_response(text_answer(r, req.k))
 
 
