@@ -133,3 +133,25 @@ def test_freeze_when_loaded_freezes_once_the_models_are_in(pair_service):
             time.sleep(0.01)
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("limit, on_loop", [(1 << 21, True), (0, False)])
+def test_a_large_side_is_ranked_off_the_loop(pair_service, monkeypatch, limit, on_loop):
+    import search.service as service_module
+
+    threads = []
+    real_rank = service_module.rank
+
+    def recording_rank(*a, **kw):
+        threads.append(threading.current_thread().name)
+        return real_rank(*a, **kw)
+
+    monkeypatch.setattr(service_module, "RANK_ON_LOOP", limit)
+    monkeypatch.setattr(service_module, "rank", recording_rank)
+
+    async def search():
+        return threading.current_thread().name, await pair_service.search_text_async("ltd", query="a blue square", k=3)
+
+    loop_thread, r = asyncio.run(search())
+    assert len(r.hits) == 3 and len(threads) == 1
+    assert (threads[0] == loop_thread) is on_loop
