@@ -12,7 +12,7 @@ import unicodedata
 import warnings
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 
 import numpy as np
 import torch
@@ -228,10 +228,13 @@ class QueryEncoder:
         out: Future = Future()
 
         def stored(f: Future) -> None:  # on the batcher thread, after each encoder call
-            if f.exception() is not None:
-                out.set_exception(f.exception())
-            else:
-                out.set_result(self._store(key, f.result()))
+            try:
+                if f.exception() is not None:
+                    out.set_exception(f.exception())
+                else:
+                    out.set_result(self._store(key, f.result()))
+            except InvalidStateError:  # the caller stopped waiting (its client went away): nothing to deliver
+                pass
 
         fut.add_done_callback(stored)
         return out

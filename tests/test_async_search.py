@@ -155,3 +155,26 @@ def test_a_large_side_is_ranked_off_the_loop(pair_service, monkeypatch, limit, o
     loop_thread, r = asyncio.run(search())
     assert len(r.hits) == 3 and len(threads) == 1
     assert (threads[0] == loop_thread) is on_loop
+
+
+def test_a_caller_that_stops_waiting_leaves_no_error_and_the_next_query_is_served(tiny_index_pair, caplog):
+    svc = pair_settings(tiny_index_pair, text_cache=0).search_service()
+    svc.registry.load()
+    slow = SlowEncoder(svc.encoder.encode_batch, delay=0.3)
+    svc.encoder.encode_batch = slow
+    try:
+        async def scenario():
+            gone = asyncio.create_task(svc.search_text_async("ltd", query="a client that leaves", k=3))
+            await asyncio.sleep(0.05)  # the encoder is working on it
+            gone.cancel()  # what the server does when the client disconnects
+            with pytest.raises(asyncio.CancelledError):
+                await gone
+            await asyncio.sleep(0.4)  # the encoder finishes the abandoned query meanwhile
+            return await svc.search_text_async("ltd", query="the next client", k=3)
+
+        with caplog.at_level("ERROR"):
+            r = asyncio.run(scenario())
+        assert len(r.hits) == 3 and len(slow.threads) == 2
+        assert not [rec for rec in caplog.records if rec.levelname in ("ERROR", "CRITICAL")]
+    finally:
+        svc.close()
