@@ -185,7 +185,7 @@ class QueryEncoder:
         self._encoders[entry.name], self.runtimes[entry.name] = query_encoder(entry.model.text, self.runtime, self.quantize,
                                                                               self.runtime_threads)
         r = self.runtimes[entry.name]
-        log.info("model %s: queries encoded by %s (%s, %s threads; %s)", entry.name, r["runtime"], r["precision"],
+        log.info("model %s: queries encoded by %s (%s, threads %s; %s)", entry.name, r["runtime"], r["precision"],
                  r["threads"], r["why"])
         if self.batching:
             self._batchers[entry.name] = TextBatcher(lambda texts, e=entry: self.encode_batch(e, texts),
