@@ -72,16 +72,16 @@ async def run_load(host: str, port: int, queries: list[str], model: str, k: int,
     errors: dict[str, int] = {}
     next_i = 0
     deadline = time.perf_counter() + max_seconds
-    started = [time.perf_counter()]  # when the timed part began
+    started = time.perf_counter()  # when the timed part began
 
     async def worker(send) -> None:
-        nonlocal next_i
+        nonlocal next_i, started
         while next_i < len(bodies) and time.perf_counter() < deadline:
             i = next_i
             next_i += 1
             t0 = time.perf_counter()
             if i == settle:
-                started[0] = t0
+                started = t0
             try:
                 status, data = await send(bodies[i])
                 why = _check(status, data, k)
@@ -116,7 +116,7 @@ async def run_load(host: str, port: int, queries: list[str], model: str, k: int,
         await asyncio.gather(*(worker(sender(c)) for c in conns))
         for c in conns:
             await c.close()
-    wall = time.perf_counter() - started[0]
+    wall = time.perf_counter() - started
     timed, first = lat[settle:], lat[:settle]
     return summary(timed[~np.isnan(timed)] * 1000, wall) | {"errors": errors, "settle_ms": first[~np.isnan(first)] * 1000}
 

@@ -181,9 +181,11 @@ class SearchService:
         (its image) and ROUGE-L relevance are attached."""
         t0 = time.perf_counter()
         e, k = self.registry.get(name), self._check_k(k)
+        return self._rank_images(name, e, self._text_query(e, query, caption_id), k, t0)
+
+    def _rank_images(self, name: str, e: ModelEntry, q: Query, k: int, t0: float) -> SearchResult:
         meta = e.index.images.meta
-        return rank(name, e.index.images, self._text_query(e, query, caption_id), k,
-                    lambda p: {"filename": meta["filenames"][p]}, direction="t2i", t0=t0)
+        return rank(name, e.index.images, q, k, lambda p: {"filename": meta["filenames"][p]}, direction="t2i", t0=t0)
 
     async def search_text_async(self, name: str, *, query: str | None = None, caption_id: int | None = None,
                                 k: int = 10) -> SearchResult:
@@ -201,10 +203,7 @@ class SearchService:
             fut = self.encoder.submit(e, text)
         if fut is None:
             return await anyio.to_thread.run_sync(partial(self.search_text, name, query=query, caption_id=caption_id, k=k))
-        q = Query(await asyncio.wrap_future(fut), QueryInfo(text=text))
-        meta = e.index.images.meta
-        ranked = partial(rank, name, e.index.images, q, k, lambda p: {"filename": meta["filenames"][p]},
-                         direction="t2i", t0=t0)
+        ranked = partial(self._rank_images, name, e, Query(await asyncio.wrap_future(fut), QueryInfo(text=text)), k, t0)
         side = e.index.images.index
         small = side.factory == "Flat" and side.ntotal * side.dim <= RANK_ON_LOOP
         return ranked() if small else await anyio.to_thread.run_sync(ranked)
