@@ -63,6 +63,8 @@ def server_args(models: list[str], args) -> list[str]:
     if args.quantize_text:
         cmd.append("--quantize-text")
     cmd += ["--text-runtime", args.text_runtime]
+    if args.text_runtime_threads:
+        cmd += ["--text-runtime-threads", str(args.text_runtime_threads)]
     for m in models:
         cmd += ["--model", m]
     if args.cache == "off":
@@ -113,7 +115,7 @@ class InProcess:
         settings = Settings(models=index_dirs, ui=False, torch_threads=0,
                             text_cache=0 if args.cache == "off" else Settings().text_cache,
                             text_batching=args.batching == "on", text_quantize=args.quantize_text,
-                            text_runtime=args.text_runtime)
+                            text_runtime=args.text_runtime, text_runtime_threads=args.text_runtime_threads)
         apply_thread_settings(settings)
         self.svc, self.model, self.k, self.concurrency = settings.search_service(), model, k, args.concurrency
         self.svc.registry.load()
@@ -238,7 +240,8 @@ def render(r: dict) -> str:
         f"Server: `ltd serve` (uvicorn{' + uvloop' if r['uvloop'] else ''}{' + httptools' if r['httptools'] else ''}, "
         f"{r['workers']} worker process(es), no UI, torch threads "
         f"{r['torch_threads'] or 'default'}, text batching {r['batching']}, query-embedding cache {r['cache']}"
-        f"{', int8 query encoder' if r['quantize'] else ''}, queries encoded by {r['runtime']}), model "
+        f"{', int8 query encoder' if r['quantize'] else ''}, queries encoded by {r['runtime']}, engine threads "
+        f"{r.get('engine_threads') or 'cores − 1'}), model "
         f"`{r['model']}` from `{r['index']}` ({r['n_images']:,} images); ready {r['startup_s']:.1f} s after start. "
         f"Load: {a['requests']:,} `POST /api/search/text` (k = {r['k']}) at concurrency {r['concurrency']} from a second "
         f"process ({r['client']} client, keep-alive), after {r['warmup']} warm-up requests, each round's first "
@@ -278,6 +281,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--torch-threads", type=int, default=0, help="server's intra-op torch threads (0 = torch default)")
     p.add_argument("--quantize-text", action="store_true", help="server encodes queries with an int8 text encoder")
     p.add_argument("--text-runtime", default="auto", help="as for ltd serve (default auto)")
+    p.add_argument("--text-runtime-threads", type=int, default=0,
+                   help="threads of the query engine, on both sides (0: as ltd serve, one fewer than the cores)")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--client", choices=("raw", "httpx"), default="raw")
     p.add_argument("--seed", type=int, default=0)
@@ -341,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
               "date": dt.date.today().isoformat(), "load": load, "machine": machine(),
               "command": "python bench/api_load.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "workers": args.workers, "torch_threads": args.torch_threads, "batching": args.batching,
-              "quantize": args.quantize_text, "rounds": args.rounds, **loop_and_parser(),
+              "quantize": args.quantize_text, "rounds": args.rounds, "engine_threads": args.text_runtime_threads, **loop_and_parser(),
               "runtime": runtime_of(after_text, target),
               "cache": args.cache, "model": target, "index": index_dirs[target], "n_images": n_images,
               "startup_s": startup, "k": args.k, "concurrency": args.concurrency, "client": args.client,

@@ -146,8 +146,9 @@ class FrozenTowerQueries:
 def serving_threads(asked: int = 0) -> int:
     """Threads of a query engine (OpenVINO, ONNX Runtime) in a server: ``asked``, else one fewer than torch's
     (at least 1). The request path (event loop, ranking, the encoder's own Python) needs a core of its own:
-    on the 2-core Xeon, OpenVINO with 2 threads took 2.29 CPU ms a query at a batch of 8 for 1.3× the speed
-    of 1 thread at 1.62 — it spins — and the API served more with 1 (BENCHMARKS.md, "REST API load")."""
+    on the 2-core Xeon OpenVINO with 2 threads costs more CPU a query than with 1 (it spins: 1.18× at a
+    batch of 16, `bench/text_runtimes.py --threads 1,2`), and the API served as much or more with 1
+    (BENCHMARKS.md, "REST API load: where the time goes")."""
     return asked or max(1, torch.get_num_threads() - 1)
 
 

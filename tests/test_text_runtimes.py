@@ -119,3 +119,31 @@ def test_served_queries_match_the_model_and_are_not_remembered_by_it(runtime):
         ref = text(text.prepare(TEXTS + TEXTS[:1]))
     # bf16-level agreement at worst; int8 weights are approximate (BENCHMARKS.md, "Query encoder runtimes")
     assert cosines(got, ref).min() >= (0.8 if quantize else 0.999)
+
+
+def test_the_runtime_bench_counts_cpu_time_per_query():
+    """bench/text_runtimes.py: wall ms per call and process CPU ms per query (what an engine that spins
+    costs a server), and the CPU column in the written table."""
+    import time as _time
+    from types import SimpleNamespace as NS
+
+    from bench import text_runtimes as bench
+
+    class Busy:  # burns 2 ms of CPU per call, whatever the batch
+        def prepare(self, texts):
+            return texts
+
+        def __call__(self, batch):
+            end = _time.process_time() + 0.002
+            while _time.process_time() < end:
+                pass
+            return torch.zeros(len(batch), 4)
+
+    wall, cpu = bench.ms_per_batch(Busy(), [f"t{i}" for i in range(64)], bs=8, n=5)
+    assert wall >= 1.9 and 0.2 <= cpu <= 0.5  # 2 ms over 8 queries: 0.25 CPU ms each
+    r = {"timing": {"torch fp32": {8: 2.0}, "openvino bf16, 2 threads": {8: 1.0}},
+         "cpu": {"torch fp32": 0.25, "openvino bf16, 2 threads": 0.31},
+         "quality": {n: {"cos_min": 1.0, "cos_mean": 1.0, "rsum": 100.0} for n in ("torch fp32", "openvino bf16, 2 threads")},
+         "n_texts": 64, "n_images": 8}
+    table = bench.render(r, NS(batches=[8], rounds=1, index="ix"), "cmd", 0.0)
+    assert "CPU ms / query at 8" in table and "| openvino bf16, 2 threads | 1.00 | 2.00× | 0.31 |" in table
