@@ -194,6 +194,10 @@ def run_grid(grid: Grid, out: Path, n_jobs: int = 1, render_only: bool = False, 
             label = sweep_label(c.name, sel["param"], value)
         for s in (c.seeds if c.seeds is not None else grid.seeds):
             main_jobs.append(job(c.name, s, sets, label, value))
+    # Seed by seed in the grid's order (every cell of its first seed, then of its second, …; stable, so
+    # cells keep their order): a grid stopped part-way has whole seeds for the seed-matched comparisons.
+    rank = {s: i for i, s in enumerate(grid.seeds)}
+    main_jobs.sort(key=lambda j: (rank.get(j.seed, len(rank)), j.seed))
     main_results = _run_all(main_jobs, n_jobs, collect=render_only)
     summary: dict[str, dict] = {}
     for c in grid.cells:

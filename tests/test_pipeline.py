@@ -220,6 +220,26 @@ def test_experiment_grid_runs_and_resumes(tmp_path, capsys):
     assert "† older runs" in (copy / "results.md").read_text()
 
 
+def test_a_grid_runs_its_seeds_one_after_another(tmp_path, monkeypatch):
+    """Every cell of the grid's first seed is scheduled before any cell of its second, so a grid stopped part-way (a session's
+    end) holds whole seeds for the seed-matched comparisons; the sweep runs before them all."""
+    from app import experiment
+    from app.grid import load_grid
+
+    grid = {"set": TINY, "seeds": [2, 0, 1],
+            "cells": [{"name": "a"}, {"name": "b", "sweep": {"loss.eta": [0.3, 0.6]}}, {"name": "c", "seeds": [0, 1]}]}
+    gpath = tmp_path / "grid.yaml"
+    gpath.write_text(yaml.safe_dump(grid))
+    calls = []
+    monkeypatch.setattr(experiment, "_run_all", lambda js, n, collect=False: calls.append([(j.cell, j.seed) for j in js]) or [])
+    monkeypatch.setattr(experiment, "_choose", lambda g, r, v: {"b": {"param": "loss.eta", "chosen": 0.6, "val_rsum": {}}})
+    monkeypatch.setattr(experiment, "paired_statistics", lambda *a: [])
+    monkeypatch.setattr(experiment, "write_results", lambda *a: None)
+    experiment.run_grid(load_grid(gpath), tmp_path / "exp")
+    assert calls[1] == [("b", 2), ("b", 2)]  # the sweep, on the grid's first seed
+    assert calls[2] == [("a", 2), ("b", 2), ("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1), ("c", 1)]
+
+
 def test_experiment_grid_validation(tmp_path):
     from app.grid import load_grid
     from training.config import ConfigError
