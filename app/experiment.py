@@ -12,7 +12,7 @@ import logging
 import os
 import platform
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from app.pipeline import ensure_evaluated, ensure_indexed, ensure_trained
 from indexer.evaluate import load_report
 from training.config import load_config
 from training.fsio import atomic_write_text
+from training.progress import progress
 from training.prepare import resolve_dataset_path
 
 log = logging.getLogger("ltd.experiment")
@@ -103,21 +104,37 @@ def _collect_job(job: Job) -> dict | None:
     return out
 
 
-def _run_all(jobs: list[Job], n_jobs: int, collect: bool = False) -> list[dict]:
+def _run_all(jobs: list[Job], n_jobs: int, collect: bool = False, desc: str = "grid runs") -> list[dict]:
+    """Every job's result, in the jobs' order. A progress bar (or a log line a run) counts the runs; those
+    a killed grid already finished (they only re-read their reports now) count from the start, so its
+    time left is the pace of the runs that train."""
     if collect:
         return [r for r in map(_collect_job, jobs) if r is not None]
-    if n_jobs <= 1 or len(jobs) <= 1:
-        results = []
-        for i, j in enumerate(jobs, 1):
-            log.info("[%d/%d] %s seed %d", i, len(jobs), j.label or j.cell, j.seed)
-            results.append(_run_job(j))
-        return results
-    # cores / jobs torch threads per worker (an explicit OMP_NUM_THREADS from the user wins). Set in
-    # each worker, not only in the environment: forked workers inherit this process's OpenMP pool,
-    # which was sized when torch was first imported.
-    threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // n_jobs))
-    with ProcessPoolExecutor(n_jobs, initializer=_limit_threads, initargs=(threads,)) as ex:
-        return list(ex.map(_run_job, jobs))
+    if not jobs:
+        return []
+    finished = {i for i, j in enumerate(jobs) if _collect_job(j) is not None}
+    results: dict[int, dict] = {}
+    with progress(total=len(jobs), initial=len(finished), desc=desc, unit="run") as bar:
+        def done(i: int, r: dict) -> None:
+            results[i] = r
+            if i not in finished:
+                bar.set_postfix(last=f"{jobs[i].label or jobs[i].cell} seed {jobs[i].seed}")
+                bar.update(1)
+
+        if n_jobs <= 1 or len(jobs) <= 1:
+            for i, j in enumerate(jobs):
+                log.info("[%d/%d] %s seed %d", i + 1, len(jobs), j.label or j.cell, j.seed)
+                done(i, _run_job(j))
+        else:
+            # cores / jobs torch threads per worker (an explicit OMP_NUM_THREADS from the user wins). Set in
+            # each worker, not only in the environment: forked workers inherit this process's OpenMP pool,
+            # which was sized when torch was first imported.
+            threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // n_jobs))
+            with ProcessPoolExecutor(n_jobs, initializer=_limit_threads, initargs=(threads,)) as ex:
+                futures = {ex.submit(_run_job, j): i for i, j in enumerate(jobs)}
+                for f in as_completed(futures):
+                    done(futures[f], f.result())
+    return [results[i] for i in range(len(jobs))]
 
 
 def _limit_threads(threads: int) -> None:
@@ -179,7 +196,7 @@ def run_grid(grid: Grid, out: Path, n_jobs: int = 1, render_only: bool = False, 
             for v in values:
                 for s in (c.sweep_seeds if c.sweep_seeds is not None else grid.seeds[:1]):
                     sweep_jobs.append(job(c.name, s, c.set + sweep_sets(param, v), sweep_label(c.name, param, v), v))
-    sweep_results = _run_all(sweep_jobs, n_jobs, collect=render_only)
+    sweep_results = _run_all(sweep_jobs, n_jobs, collect=render_only, desc="sweep runs (val)")
     selection = _choose(grid, sweep_results, val_split)
     # Phase 2: every cell with all its seeds (a chosen sweep value reuses its sweep runs).
     main_jobs = []

@@ -333,7 +333,7 @@ def test_grids_schedule_runs_on_several_processes(tmp_path, monkeypatch):
     p.write_text(yaml.safe_dump({"set": TINY, "nproc": 2, "cells": [{"name": "a"}, {"name": "b", "nproc": 1}]}))
     jobs = []
 
-    def scheduled(js, n_jobs, collect=False):
+    def scheduled(js, n_jobs, collect=False, **kw):
         jobs.extend(js)
         if js:
             raise _Scheduled

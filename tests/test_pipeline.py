@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -231,13 +232,33 @@ def test_a_grid_runs_its_seeds_one_after_another(tmp_path, monkeypatch):
     gpath = tmp_path / "grid.yaml"
     gpath.write_text(yaml.safe_dump(grid))
     calls = []
-    monkeypatch.setattr(experiment, "_run_all", lambda js, n, collect=False: calls.append([(j.cell, j.seed) for j in js]) or [])
+    monkeypatch.setattr(experiment, "_run_all", lambda js, n, collect=False, **kw: calls.append([(j.cell, j.seed) for j in js]) or [])
     monkeypatch.setattr(experiment, "_choose", lambda g, r, v: {"b": {"param": "loss.eta", "chosen": 0.6, "val_rsum": {}}})
     monkeypatch.setattr(experiment, "paired_statistics", lambda *a: [])
     monkeypatch.setattr(experiment, "write_results", lambda *a: None)
     experiment.run_grid(load_grid(gpath), tmp_path / "exp")
     assert calls[1] == [("b", 2), ("b", 2)]  # the sweep, on the grid's first seed
     assert calls[2] == [("a", 2), ("b", 2), ("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1), ("c", 1)]
+
+
+def test_grid_progress_counts_the_runs_a_killed_grid_finished_from_the_start(monkeypatch, caplog):
+    """A resumed grid's bar starts at the runs already finished and moves once for each run that trains,
+    so its pace and time left are those of the training runs, not of reports re-read in a second."""
+    from app import experiment
+
+    jobs = [experiment.Job(cell=c, seed=s, overrides=[], run_dir="", index_root="", eval_splits=[], eval_shortcuts=[],
+                           relevance=None, base="", label=c) for c, s in (("a", 0), ("b", 0), ("a", 1))]
+    monkeypatch.setattr(experiment, "_collect_job", lambda j: {"seed": j.seed} if (j.cell, j.seed) == ("b", 0) else None)
+    monkeypatch.setattr(experiment, "_run_job", lambda j: {"cell": j.cell, "seed": j.seed})
+    monkeypatch.setenv("LTD_PROGRESS", "log")
+    monkeypatch.setenv("LTD_PROGRESS_INTERVAL", "1e-9")
+    with caplog.at_level(logging.INFO, logger="ltd.progress"):
+        out = experiment._run_all(jobs, 1, desc="grid runs")
+    assert [(r["cell"], r["seed"]) for r in out] == [("a", 0), ("b", 0), ("a", 1)]  # the jobs' order
+    lines = [r.getMessage() for r in caplog.records]
+    assert [ln.split(" run in")[0] for ln in lines] == ["grid runs: 2/3 (67 %)", "grid runs: 3/3 (100 %)",
+                                                        "grid runs: 3/3 (100 %)"]  # two runs trained, then close
+    assert lines[0].endswith("last=a seed 0") and lines[1].endswith("last=a seed 1")
 
 
 def test_experiment_grid_validation(tmp_path):

@@ -19,8 +19,24 @@ def test_log_mode_writes_a_line_per_interval_and_one_at_the_end(monkeypatch, cap
             bar.update(50)  # t=1600: not yet
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2
-    assert lines[0].startswith("image features: 50/100 (50 %) img in 1500 s")
-    assert lines[1].startswith("image features: 100/100 (100 %) img in 2000 s")
+    assert lines[0].startswith("image features: 50/100 (50 %) img in 25 min (30 s/img, ~25 min left)")
+    assert lines[1].startswith("image features: 100/100 (100 %) img in 33 min")
+
+
+def test_log_lines_read_fast_items_per_second_and_slow_ones_as_time_each(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(p.time, "monotonic", lambda: now[0])
+    fast = p.LogProgress(total=1000, desc="captions", unit="cap", interval=0)
+    now[0] = 10.0
+    fast.update(500)  # 50 a second: 10 s left
+    assert fast._line() == "captions: 500/1,000 (50 %) cap in 10 s (50.0 cap/s, ~10 s left)"
+    now[0] = 0.0
+    slow = p.LogProgress(total=20, initial=2, desc="grid runs", unit="run", interval=0)
+    now[0] = 3 * 3600.0
+    slow.update(9)  # 9 trained in 3 h (the 2 a killed grid had finished do not count): 9 left, 3 h
+    slow.set_postfix(last="baseline seed 3")
+    assert slow._line() == "grid runs: 11/20 (55 %) run in 3.0 h (20 min/run, ~3.0 h left), last=baseline seed 3"
+    assert [p.duration(x) for x in (0, 119, 120, 7199, 7200, 90000)] == ["0 s", "119 s", "2 min", "120 min", "2.0 h", "25.0 h"]
 
 
 def test_mode_follows_the_terminal_and_the_override(monkeypatch):

@@ -43,8 +43,10 @@ class LogProgress:
         elapsed = time.monotonic() - self.start
         rate = (self.n - self.start_n) / elapsed if elapsed > 0 else 0.0
         done = f"{self.n:,}" + (f"/{self.total:,} ({100 * self.n / self.total:.0f} %)" if self.total else "")
-        eta = f", ~{(self.total - self.n) / rate:.0f} s left" if self.total and rate > 0 and self.n < self.total else ""
-        return f"{self.desc}: {done} {self.unit} in {elapsed:.0f} s ({rate:.1f} {self.unit}/s{eta}){self.postfix}"
+        eta = f", ~{duration((self.total - self.n) / rate)} left" if self.total and rate > 0 and self.n < self.total else ""
+        # slow items (a grid's runs: minutes each) read better as time per item than as 0.0 a second
+        pace = f"{rate:.1f} {self.unit}/s" if rate >= 0.1 or rate == 0 else f"{duration(1 / rate)}/{self.unit}"
+        return f"{self.desc}: {done} {self.unit} in {duration(elapsed)} ({pace}{eta}){self.postfix}"
 
     def update(self, n: int = 1) -> None:
         self.n += n
@@ -66,6 +68,15 @@ class LogProgress:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def duration(seconds: float) -> str:
+    """``"42 s"``, ``"17 min"`` or ``"3.4 h"``: a time a person reads at a glance."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 class _Off(LogProgress):
