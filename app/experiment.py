@@ -27,8 +27,8 @@ from app.pipeline import ensure_evaluated, ensure_indexed, ensure_trained
 from indexer.evaluate import load_report
 from training.config import load_config
 from training.fsio import atomic_write_text
-from training.progress import progress
 from training.prepare import resolve_dataset_path
+from training.progress import progress
 
 log = logging.getLogger("ltd.experiment")
 
