@@ -73,16 +73,7 @@ def _run_job(job: Job) -> dict:
 
 def _train_seconds(metrics: Path) -> float:
     """Sum of the epoch times a run logged (survives resumption, excludes validation)."""
-    total = 0.0
-    if metrics.is_file():
-        for line in metrics.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if row.get("type") == "epoch":
-                total += float(row.get("seconds", 0.0))
-    return total
+    return sum(float(row.get("seconds", 0.0)) for row in _epoch_rows(metrics))
 
 
 def _collect_job(job: Job) -> dict | None:
@@ -102,6 +93,30 @@ def _collect_job(job: Job) -> dict | None:
             out["reports"][tag] = {k: rep[k] for k in REPORT_KEYS if k in rep}
     out["train_s"] = round(_train_seconds(Path(job.run_dir) / "metrics.jsonl"), 1)
     return out
+
+
+def _job_state(job: Job) -> dict:
+    """A run the grid has not finished: how many of its epochs it trained (a killed run resumes from its
+    last checkpoint) or that it only waits for its index and evaluation."""
+    epochs = load_config(job.base, job.overrides).train.epochs
+    done = max((row.get("epoch", 0) for row in _epoch_rows(Path(job.run_dir) / "metrics.jsonl")), default=0)
+    state = ("not started" if not done and not (Path(job.run_dir) / "checkpoint.pt").is_file()
+             else "trained; index or evaluation missing" if done >= epochs else f"epoch {done} of {epochs} trained")
+    return {"label": job.label or job.cell, "seed": job.seed, "state": state}
+
+
+def _epoch_rows(metrics: Path) -> list[dict]:
+    """The ``epoch`` rows a run logged (none when it has no log yet; a torn last line is skipped)."""
+    rows = []
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and row.get("type") == "epoch":
+                rows.append(row)
+    return rows
 
 
 def _run_all(jobs: list[Job], n_jobs: int, collect: bool = False, desc: str = "grid runs") -> list[dict]:
@@ -199,10 +214,11 @@ def run_grid(grid: Grid, out: Path, n_jobs: int = 1, render_only: bool = False, 
     sweep_results = _run_all(sweep_jobs, n_jobs, collect=render_only, desc="sweep runs (val)")
     selection = _choose(grid, sweep_results, val_split)
     # Phase 2: every cell with all its seeds (a chosen sweep value reuses its sweep runs).
-    main_jobs = []
+    main_jobs, waiting = [], []
     for c in grid.cells:
         sets, label, value = list(c.set), c.name, None
         if c.sweep and c.name not in selection:
+            waiting.append({"label": c.name, "seed": "every", "state": "waits for its sweep"})
             continue  # --render while its sweep runs
         if c.name in selection:
             sel = selection[c.name]
@@ -229,6 +245,10 @@ def run_grid(grid: Grid, out: Path, n_jobs: int = 1, render_only: bool = False, 
                "sweep_runs": sweep_results, "runs": main_results, "summary": summary, "compare": grid.compare,
                "machine": machine_description(), "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
                "partial": len(main_results) < len(main_jobs) or len(sweep_results) < len(sweep_jobs)}
+    if results["partial"]:  # --render while the grid runs (or after it was stopped): where each missing run stands
+        have = {(r["label"], r["seed"]) for r in sweep_results + main_results}
+        missing = {(j.label, j.seed): j for j in sweep_jobs + main_jobs if (j.label, j.seed) not in have}
+        results["missing"] = [_job_state(j) for j in missing.values()] + waiting
     results["paired"] = paired_statistics(results, reported_tags(results))
     write_results(results, out)
     return results

@@ -62,8 +62,12 @@ def render_results(results: dict) -> str:
              f"{results['seeds']}; {split} split, mean ± std over seeds (sample std). Machine: "
              f"{results['machine']['cpu']} ({results['machine']['cores']} cores).", ""]
     if results.get("partial"):
+        missing = results.get("missing") or []
+        where = [f"{m['label']} seed {m['seed']}: {m['state']}" for m in missing if m["state"] != "not started"]
+        if len(where) < len(missing):
+            where.append(f"{len(missing) - len(where)} not started")
         lines += [f"**Partial** (rendered {results.get('finished')}): runs of the grid still missing; only "
-                  "finished runs are counted.", ""]
+                  "finished runs are counted." + (f" Missing ({len(missing)}): {'; '.join(where)}." if missing else ""), ""]
     if results["selection"]:
         lines += ["## Chosen on validation", "", "| cell | parameter | val rsum per value | chosen |", "|---|---|---|---|"]
         for cell, sel in results["selection"].items():

@@ -207,7 +207,12 @@ def test_experiment_grid_runs_and_resumes(tmp_path, capsys):
     assert {p: p.stat().st_mtime for p in out.rglob("checkpoint.pt")} == mtimes
     part = json.loads((out / "results.json").read_text())
     assert part["partial"] and {(r["cell"], r["seed"]) for r in part["runs"]} == {("baseline", 0), ("ltd", 0), ("ltd", 1)}
+    assert part["missing"] == [{"label": "baseline", "seed": 1, "state": "trained; index or evaluation missing"}]
     assert "**Partial**" in (out / "results.md").read_text()
+    assert "Missing (1): baseline seed 1: trained; index or evaluation missing." in (out / "results.md").read_text()
+    from app.experiment_report import render_results
+    part["missing"] += [{"label": "ltd", "seed": s, "state": "not started"} for s in (2, 3)]
+    assert "Missing (3): baseline seed 1: trained; index or evaluation missing; 2 not started." in render_results(part)
     # --render without --config: a results.json whose runs are gone (a docs/results copy) keeps its bootstrap
     copy = tmp_path / "copy"
     copy.mkdir()
@@ -259,6 +264,24 @@ def test_grid_progress_counts_the_runs_a_killed_grid_finished_from_the_start(mon
     assert [ln.split(" run in")[0] for ln in lines] == ["grid runs: 2/3 (67 %)", "grid runs: 3/3 (100 %)",
                                                         "grid runs: 3/3 (100 %)"]  # two runs trained, then close
     assert lines[0].endswith("last=a seed 0") and lines[1].endswith("last=a seed 1")
+
+
+def test_a_missing_runs_state_is_read_from_its_log(tmp_path):
+    """`--render` of a grid still running says where each missing run stands: not started, how many of
+    its epochs it trained (a torn last log line is skipped), or trained and waiting for its evaluation."""
+    from app import experiment
+
+    run = tmp_path / "run"
+    job = experiment.Job(cell="b", seed=3, overrides=TINY + ["train.epochs=5"], run_dir=str(run), index_root="",
+                         eval_splits=[], eval_shortcuts=[], relevance=None, base="synthetic_baseline", label="b@eta=0.2")
+    assert experiment._job_state(job) == {"label": "b@eta=0.2", "seed": 3, "state": "not started"}
+    run.mkdir()
+    rows = [{"type": "val", "epoch": 0}] + [{"type": "epoch", "epoch": e, "seconds": 10.0} for e in (1, 2)]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + '\n{"type": "epo')
+    assert experiment._job_state(job)["state"] == "epoch 2 of 5 trained"
+    assert experiment._train_seconds(run / "metrics.jsonl") == 20.0
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps({"type": "epoch", "epoch": e}) for e in range(1, 6)))
+    assert experiment._job_state(job)["state"] == "trained; index or evaluation missing"
 
 
 def test_experiment_grid_validation(tmp_path):
