@@ -1,4 +1,4 @@
-"""Shared by the benchmark scripts: BENCHMARKS.md section replacement."""
+"""Shared by the benchmark scripts: printing a result and replacing its BENCHMARKS.md section."""
 from __future__ import annotations
 
 import re
@@ -21,6 +21,13 @@ def replace_section(section: str, text: str, path: Path = BENCHMARKS) -> None:
     body = text.rstrip("\n") + "\n"
     new = pat.sub(lambda _: body + "\n", cur, count=1) if pat.search(cur) else cur.rstrip("\n") + "\n\n" + body
     atomic_write_text(path, new.rstrip("\n") + "\n")
+
+
+def publish(section: str, text: str, write: bool, path: Path = BENCHMARKS) -> None:
+    """Print a bench's rendered ``text``; with ``write`` (its ``--write``) it also replaces ``section``."""
+    print(text)
+    if write:
+        replace_section(section, text, path)
 
 
 def read_section(section: str, path: Path = BENCHMARKS) -> str | None:

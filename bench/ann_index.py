@@ -24,7 +24,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench._common import replace_section  # noqa: E402
+from bench._common import publish  # noqa: E402
 from bench._machine import load1, machine_line, today  # noqa: E402
 from bench._models import tiny_checkpoint  # noqa: E402
 
@@ -221,9 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     res = run(args)
     print(json.dumps(res, indent=2, default=str))
     text = render(res)
-    print(text)
-    if args.write:
-        replace_section(SECTION, text)
+    publish(SECTION, text, args.write)
     return 0
 
 

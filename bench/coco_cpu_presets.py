@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench._common import replace_section  # noqa: E402
+from bench._common import publish  # noqa: E402
 from bench._machine import load1, machine_line, today  # noqa: E402
 
 SECTION = "## COCO CPU presets: time to features and to a trained model (bench/coco_cpu_presets.py)"
@@ -271,9 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.save_json:
             Path(args.save_json).write_text(json.dumps(res, indent=2))
     text = render(res)
-    print(text)
-    if args.write:
-        replace_section(SECTION, text)
+    publish(SECTION, text, args.write)
     return 0
 
 

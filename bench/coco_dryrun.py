@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench._common import replace_section  # noqa: E402
+from bench._common import publish  # noqa: E402
 from bench._machine import load1, machine_line, today  # noqa: E402
 
 SECTION = "## COCO-scale dry run (bench/coco_dryrun.py)"
@@ -113,9 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     res = run(args)
     print(json.dumps(res, indent=2))
     text = render(res, args.coco_img_s)
-    print(text)
-    if args.write:
-        replace_section(SECTION, text)
+    publish(SECTION, text, args.write)
     return 0
 
 

@@ -23,7 +23,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench._common import replace_section  # noqa: E402
+from bench._common import publish  # noqa: E402
 from training.data.synthetic import generate_synthetic  # noqa: E402
 
 SECTION = "## Synthetic dataset generation (bench/data_synth.py)"
@@ -84,9 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         f"**{'yes' if len(digests) == 1 else 'NO'}**.",
     ]
     text = "\n".join(lines)
-    print(text)
-    if args.write:
-        replace_section(SECTION, text)
+    publish(SECTION, text, args.write)
     return 0 if len(digests) == 1 else 1
 
 

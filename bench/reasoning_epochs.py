@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench._common import replace_section  # noqa: E402
+from bench._common import publish  # noqa: E402
 from bench._machine import load1, machine_line, today  # noqa: E402
 
 SECTION = "## Reasoning encoders: training time per epoch (bench/reasoning_epochs.py)"
@@ -97,9 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         res["runs"].append(time_preset(config, args.epochs))
         print(json.dumps(res["runs"][-1]), flush=True)
     text = render(res)
-    print(text)
-    if args.write:
-        replace_section(SECTION, text)
+    publish(SECTION, text, args.write)
     return 0
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench._common import replace_section  # noqa: E402
+from bench._common import publish  # noqa: E402
 from bench._machine import load1, machine_line, today  # noqa: E402
 
 SECTION = "## Image runtimes and Flickr8k test recall (bench/runtime_recall.py)"
@@ -75,9 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(argv if argv is not None else sys.argv[1:])
     res = run(args)
     text = render(res)
-    print(text)
-    if args.write:
-        replace_section(SECTION, text)
+    publish(SECTION, text, args.write)
     return 0
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench import _server  # noqa: E402
-from bench._common import replace_section  # noqa: E402
+from bench._common import publish  # noqa: E402
 from bench._machine import machine_line, today  # noqa: E402
 
 SECTION = "## Slow clients (bench/slow_clients.py)"
@@ -163,9 +163,7 @@ def main() -> None:
     c = cost(args.requests, args.rounds, args.concurrency)
     h = hold([a for m in args.model for a in ("--model", m)]) if args.model else None
     text = report(c, h, args)
-    print(text)
-    if args.write:
-        replace_section(SECTION, text)
+    publish(SECTION, text, args.write)
 
 
 if __name__ == "__main__":

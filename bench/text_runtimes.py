@@ -32,7 +32,7 @@ from tqdm import tqdm  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from app.api.settings import Settings  # noqa: E402
-from bench._common import replace_section  # noqa: E402
+from bench._common import publish  # noqa: E402
 from bench._machine import load1, machine_line, today  # noqa: E402
 from search.encoding import FrozenTowerQueries, query_encoder  # noqa: E402
 from training.models.backbones import cpu_bf16_fast  # noqa: E402
@@ -149,9 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     args.threads = [int(t) for t in args.threads.split(",")]
     load, command = load1(), "python bench/text_runtimes.py " + " ".join(sys.argv[1:] if argv is None else argv)
     text = render(measure(args), args, command, load)
-    print(text)
-    if args.write:
-        replace_section(SECTION, text)
+    publish(SECTION, text, args.write)
     return 0
 
 

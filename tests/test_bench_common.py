@@ -1,5 +1,5 @@
 """bench/_common.replace_section: the benchmark scripts rewrite only their own BENCHMARKS.md section."""
-from bench._common import replace_section
+from bench._common import publish, replace_section
 
 DOC = "# Benchmarks\n\n## A (a.py)\n\nold a\n\n### sub\n\nold sub\n\n## B (b.py)\n\nkeep b\n"
 
@@ -27,3 +27,12 @@ def test_heading_prefix_is_not_matched(tmp_path):
     p.write_text("# Benchmarks\n\n## A (a.py) extended\n\nother\n")
     replace_section("## A (a.py)", "## A (a.py)\n\nmine", p)
     assert "other" in p.read_text() and p.read_text().endswith("## A (a.py)\n\nmine\n")
+
+
+def test_publish_prints_and_writes_only_with_write(tmp_path, capsys):
+    p = tmp_path / "BENCHMARKS.md"
+    p.write_text(DOC)
+    publish("## A (a.py)", "## A (a.py)\n\nprinted only", False, p)
+    assert capsys.readouterr().out == "## A (a.py)\n\nprinted only\n" and p.read_text() == DOC
+    publish("## A (a.py)", "## A (a.py)\n\nwritten", True, p)
+    assert "written" in capsys.readouterr().out and "## A (a.py)\n\nwritten\n\n## B" in p.read_text()
