@@ -28,7 +28,7 @@ from indexer.evaluate import load_report
 from training.config import load_config
 from training.fsio import atomic_write_text
 from training.prepare import resolve_dataset_path
-from training.progress import progress
+from training.progress import duration, progress
 
 log = logging.getLogger("ltd.experiment")
 
@@ -121,35 +121,72 @@ def _epoch_rows(metrics: Path) -> list[dict]:
 
 def _run_all(jobs: list[Job], n_jobs: int, collect: bool = False, desc: str = "grid runs") -> list[dict]:
     """Every job's result, in the jobs' order. A progress bar (or a log line a run) counts the runs; those
-    a killed grid already finished (they only re-read their reports now) count from the start, so its
-    time left is the pace of the runs that train."""
+    a killed grid already finished count from the start and are only read back, so the time left is the
+    pace of the runs that train (with several at a time: :class:`_TimeLeft`)."""
     if collect:
         return [r for r in map(_collect_job, jobs) if r is not None]
     if not jobs:
         return []
-    finished = {i for i, j in enumerate(jobs) if _collect_job(j) is not None}
-    results: dict[int, dict] = {}
-    with progress(total=len(jobs), initial=len(finished), desc=desc, unit="run") as bar:
+    results = {i: r for i, j in enumerate(jobs) if (r := _collect_job(j)) is not None}
+    todo = [i for i in range(len(jobs)) if i not in results]
+    parallel = n_jobs > 1 and len(todo) > 1
+    with progress(total=len(jobs), initial=len(results), desc=desc, unit="run", pace=not parallel) as bar:
+        left = _TimeLeft(len(todo), n_jobs, time.monotonic())
+
         def done(i: int, r: dict) -> None:
             results[i] = r
-            if i not in finished:
-                bar.set_postfix(last=f"{jobs[i].label or jobs[i].cell} seed {jobs[i].seed}")
-                bar.update(1)
+            post = {"last": f"{jobs[i].label or jobs[i].cell} seed {jobs[i].seed}"}
+            if parallel:
+                now = time.monotonic()
+                left.finished(r["wall_s"], now)
+                post["left"] = f"~{duration(left.seconds(now))}"
+            bar.set_postfix(**post)
+            bar.update(1)
 
-        if n_jobs <= 1 or len(jobs) <= 1:
-            for i, j in enumerate(jobs):
-                log.info("[%d/%d] %s seed %d", i + 1, len(jobs), j.label or j.cell, j.seed)
-                done(i, _run_job(j))
+        if not parallel:
+            for i in todo:
+                log.info("[%d/%d] %s seed %d", i + 1, len(jobs), jobs[i].label or jobs[i].cell, jobs[i].seed)
+                done(i, _run_job(jobs[i]))
         else:
             # cores / jobs torch threads per worker (an explicit OMP_NUM_THREADS from the user wins). Set in
             # each worker, not only in the environment: forked workers inherit this process's OpenMP pool,
             # which was sized when torch was first imported.
             threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // n_jobs))
             with ProcessPoolExecutor(n_jobs, initializer=_limit_threads, initargs=(threads,)) as ex:
-                futures = {ex.submit(_run_job, j): i for i, j in enumerate(jobs)}
+                futures = {ex.submit(_run_job, jobs[i]): i for i in todo}
                 for f in as_completed(futures):
                     done(futures[f], f.result())
     return [results[i] for i in range(len(jobs))]
+
+
+class _TimeLeft:
+    """Time left of ``n`` runs that go ``workers`` at a time. Counting finished runs alone misleads
+    when they finish in bursts (two runs started together end together: the first one's pace is half the
+    grid's). Instead: each run's own duration (their mean is the next runs' guess), when each run in
+    flight started (a worker takes the next run when one ends), and the schedule that follows."""
+
+    def __init__(self, n: int, workers: int, now: float):
+        self.workers = max(1, min(workers, n))
+        self.waiting = n - self.workers
+        self.starts = [now] * self.workers  # of the runs in flight
+        self.durations: list[float] = []
+
+    def finished(self, seconds: float, now: float) -> None:
+        self.durations.append(seconds)
+        if self.starts:  # the run in flight whose start fits this one best
+            self.starts.remove(min(self.starts, key=lambda s: abs(s - (now - seconds))))
+        if self.waiting:
+            self.waiting -= 1
+            self.starts.append(now)
+
+    def seconds(self, now: float) -> float:
+        d = sum(self.durations) / len(self.durations)
+        free = sorted(max(d - (now - s), 0.0) for s in self.starts)  # when each busy worker frees up
+        free += [0.0] * (self.workers - len(free))
+        for _ in range(self.waiting):  # each waiting run goes to the worker that frees up first
+            free[0] += d
+            free.sort()
+        return max(free, default=0.0)
 
 
 def _limit_threads(threads: int) -> None:

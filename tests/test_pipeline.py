@@ -253,7 +253,8 @@ def test_grid_progress_counts_the_runs_a_killed_grid_finished_from_the_start(mon
 
     jobs = [experiment.Job(cell=c, seed=s, overrides=[], run_dir="", index_root="", eval_splits=[], eval_shortcuts=[],
                            relevance=None, base="", label=c) for c, s in (("a", 0), ("b", 0), ("a", 1))]
-    monkeypatch.setattr(experiment, "_collect_job", lambda j: {"seed": j.seed} if (j.cell, j.seed) == ("b", 0) else None)
+    monkeypatch.setattr(experiment, "_collect_job",
+                        lambda j: {"cell": j.cell, "seed": j.seed} if (j.cell, j.seed) == ("b", 0) else None)
     monkeypatch.setattr(experiment, "_run_job", lambda j: {"cell": j.cell, "seed": j.seed})
     monkeypatch.setenv("LTD_PROGRESS", "log")
     monkeypatch.setenv("LTD_PROGRESS_INTERVAL", "1e-9")
@@ -264,6 +265,52 @@ def test_grid_progress_counts_the_runs_a_killed_grid_finished_from_the_start(mon
     assert [ln.split(" run in")[0] for ln in lines] == ["grid runs: 2/3 (67 %)", "grid runs: 3/3 (100 %)",
                                                         "grid runs: 3/3 (100 %)"]  # two runs trained, then close
     assert lines[0].endswith("last=a seed 0") and lines[1].endswith("last=a seed 1")
+
+
+def test_time_left_of_runs_that_go_several_at_a_time():
+    """Runs that start together end together: counting finished runs would call the first one's pace the
+    grid's (1 run in 20 min, 11 left: ~3.7 h). _TimeLeft follows the workers' schedule instead, so with
+    equal durations it is exact at every finished run."""
+    from app.experiment import _TimeLeft
+
+    for n, workers, d in ((12, 2, 20.0), (7, 3, 5.0), (2, 4, 3.0)):
+        # the true schedule: each run starts on the worker that frees up first
+        free, ends = [0.0] * min(workers, n), []
+        for _ in range(n):
+            start = min(free)
+            free[free.index(start)] = start + d
+            ends.append(start + d)
+        left = _TimeLeft(n, workers, 0.0)
+        for k, end in enumerate(sorted(ends)):
+            left.finished(d, end)
+            assert left.seconds(end) == pytest.approx(max(ends) - end), (n, workers, k)
+    # between finished runs the runs in flight count down; one that outlasts the mean is taken to end now
+    left = _TimeLeft(3, 2, 0.0)
+    left.finished(10.0, 10.0)  # in flight: the run started at 0 and the third, started at 10
+    assert left.seconds(12.0) == pytest.approx(8.0) and left.seconds(25.0) == 0.0
+
+
+def _fake_run_job(job):  # module level: the worker processes unpickle it by name
+    return {"cell": job.cell, "seed": job.seed, "wall_s": 0.01}
+
+
+def test_grid_progress_with_two_jobs_shows_the_schedules_time_left(monkeypatch, caplog):
+    from app import experiment
+
+    jobs = [experiment.Job(cell="a", seed=s, overrides=[], run_dir="", index_root="", eval_splits=[],
+                           eval_shortcuts=[], relevance=None, base="", label="a") for s in range(4)]
+    monkeypatch.setattr(experiment, "_collect_job", lambda j: {"cell": j.cell, "seed": j.seed} if j.seed == 2 else None)
+    monkeypatch.setattr(experiment, "_run_job", _fake_run_job)
+    monkeypatch.setenv("LTD_PROGRESS", "log")
+    monkeypatch.setenv("LTD_PROGRESS_INTERVAL", "1e-9")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with caplog.at_level(logging.INFO, logger="ltd.progress"):
+        out = experiment._run_all(jobs, 2, desc="grid runs")
+    assert [r["seed"] for r in out] == [0, 1, 2, 3]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 4 and lines[0].startswith("grid runs: 2/4 (50 %) run in ")  # 3 trained, then close
+    assert all("left=~" in ln for ln in lines) and not any("/s" in ln or "/run" in ln for ln in lines)
+    assert lines[-1].endswith("left=~0 s")
 
 
 def test_a_missing_runs_state_is_read_from_its_log(tmp_path):

@@ -7,6 +7,8 @@ pipe) one log line every ``interval`` seconds and one at the end, instead of hun
             bar.update(len(batch))
 
 ``LTD_PROGRESS=bar|log|off`` overrides the choice (``log`` also takes ``LTD_PROGRESS_INTERVAL`` seconds).
+``pace=False`` leaves out the counter's own rate and time left, for a caller that knows better (runs
+that go several at a time finish in bursts) and puts its own estimate in the postfix.
 """
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ class LogProgress:
     """tqdm's counting interface (update, set_postfix, close, context manager) that writes lines."""
 
     def __init__(self, total: int | None = None, initial: int = 0, desc: str = "", unit: str = "it",
-                 interval: float | None = None):
-        self.total, self.n, self.desc, self.unit = total, initial, desc, unit
+                 interval: float | None = None, pace: bool = True):
+        self.total, self.n, self.desc, self.unit, self.pace = total, initial, desc, unit, pace
         self.interval = interval if interval is not None else environment().progress_interval
         self.start = self.last = time.monotonic()
         self.start_n = initial
@@ -43,6 +45,8 @@ class LogProgress:
         elapsed = time.monotonic() - self.start
         rate = (self.n - self.start_n) / elapsed if elapsed > 0 else 0.0
         done = f"{self.n:,}" + (f"/{self.total:,} ({100 * self.n / self.total:.0f} %)" if self.total else "")
+        if not self.pace:
+            return f"{self.desc}: {done} {self.unit} in {duration(elapsed)}{self.postfix}"
         eta = f", ~{duration((self.total - self.n) / rate)} left" if self.total and rate > 0 and self.n < self.total else ""
         # slow items (a grid's runs: minutes each) read better as time per item than as 0.0 a second
         pace = f"{rate:.1f} {self.unit}/s" if rate >= 0.1 or rate == 0 else f"{duration(1 / rate)}/{self.unit}"
@@ -93,14 +97,15 @@ def bars(show: bool) -> bool:
 
 
 def progress(total: int | None = None, *, desc: str = "", unit: str = "it", initial: int = 0, disable: bool = False,
-             leave: bool = True):
+             leave: bool = True, pace: bool = True):
     """A progress counter (see the module doc): tqdm on a terminal, periodic log lines otherwise."""
     mode = _mode(disable)
     if mode == "bar":
-        return tqdm(total=total, initial=initial, desc=desc, unit=unit, leave=leave)
+        fmt = None if pace else "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+        return tqdm(total=total, initial=initial, desc=desc, unit=unit, leave=leave, bar_format=fmt)
     if mode == "off":
         return _Off(total, initial, desc, unit)
-    return LogProgress(total, initial, desc, unit)
+    return LogProgress(total, initial, desc, unit, pace=pace)
 
 
 def progress_iter(iterable, *, total: int | None = None, desc: str = "", unit: str = "it", disable: bool = False):
