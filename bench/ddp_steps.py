@@ -156,12 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         res = json.loads(Path(a.render).read_text())
     else:
         res = measure(a)
-    text = render(res)
-    print(text)
-    if a.write:
-        from bench._common import replace_section
+    from bench._common import publish
 
-        replace_section(SECTION[res["device"]], text)
+    publish(SECTION[res["device"]], render(res), a.write)
     return 0
 
 

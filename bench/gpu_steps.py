@@ -320,11 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", action="append", default=[], choices=["train", "profile", "whole_run", "caption", "images", "text", "search"])
     args = p.parse_args(argv)
     if args.render:
-        text = render(json.loads(Path(args.render).read_text()))
-        print(text)
-        if args.write:
-            from bench._common import replace_section
-            replace_section(SECTION, text)
+        from bench._common import publish
+
+        publish(SECTION, render(json.loads(Path(args.render).read_text())), args.write)
         return 0
     if args.dry_run:
         global GPU

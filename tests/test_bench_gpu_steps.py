@@ -11,7 +11,7 @@ from bench import gpu_steps
 
 
 @pytest.mark.slow
-def test_columns_share_the_initial_model_and_batches_then_render(monkeypatch, tmp_path):
+def test_columns_share_the_initial_model_and_batches_then_render(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(gpu_steps, "GPU", "cpu")
     base = [*TINY, "data.path=", "model.word_embeddings=random"]
     r = {"recipe": "end-to-end flickr8k_ltd",
@@ -28,6 +28,9 @@ def test_columns_share_the_initial_model_and_batches_then_render(monkeypatch, tm
     (tmp_path / "r.json").write_text(json.dumps(res))
     text = gpu_steps.render(json.loads((tmp_path / "r.json").read_text()))
     assert text.startswith(gpu_steps.SECTION)
+    capsys.readouterr()
+    assert gpu_steps.main(["--render", str(tmp_path / "r.json")]) == 0  # prints it; writes nothing without --write
+    assert capsys.readouterr().out == text + "\n"
     assert (f"| `end-to-end flickr8k_ltd` | {r['batch_size']} | 400 | 20.0 | 10.0 | 16.0 | 40.0× | "
             "+0.0e+00 / +1.0e-03 / +0.0e+00 | +0.0e+00 / +2.0e-03 / +0.0e+00 |") in text
     assert text.rstrip().endswith("- a reading")
