@@ -131,12 +131,12 @@ def _run_all(jobs: list[Job], n_jobs: int, collect: bool = False, desc: str = "g
     todo = [i for i in range(len(jobs)) if i not in results]
     parallel = n_jobs > 1 and len(todo) > 1
     with progress(total=len(jobs), initial=len(results), desc=desc, unit="run", pace=not parallel) as bar:
-        left = _TimeLeft(len(todo), n_jobs, time.monotonic())
+        left = _TimeLeft(len(todo), n_jobs, time.monotonic()) if parallel else None
 
         def done(i: int, r: dict) -> None:
             results[i] = r
             post = {"last": f"{jobs[i].label or jobs[i].cell} seed {jobs[i].seed}"}
-            if parallel:
+            if left is not None:
                 now = time.monotonic()
                 left.finished(r["wall_s"], now)
                 post["left"] = f"~{duration(left.seconds(now))}"
