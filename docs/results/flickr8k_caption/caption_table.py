@@ -20,6 +20,11 @@ def t_interval(d: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     return float(d.mean() - half), float(d.mean() + half)
 
 
+def bound(x: float) -> str:
+    """An interval end, with a second decimal where one would print ±0.0 (its side of 0 decides a verdict)."""
+    return f"{x:+.2f}" if abs(x) < 0.05 else f"{x:+.1f}"
+
+
 def table(root: Path, kinds, cols, pairs, seeds=SEEDS, interval: bool = False) -> str:
     """kinds: [(folder prefix, label)]; cols: [(report key, judge name or None)]; pairs: [(a, b)] for Δ a − b
     (with ``interval``: and its 95 % t-interval over seeds)."""
@@ -44,7 +49,7 @@ def table(root: Path, kinds, cols, pairs, seeds=SEEDS, interval: bool = False) -
         for key, j in cols:
             d = np.array([value(reps[a][s], key, j) - value(reps[b][s], key, j) for s in both])
             sd = f" ± {d.std(ddof=1):.1f}" if n > 1 else ""
-            ci = " [{:+.1f}, {:+.1f}]".format(*t_interval(d)) if interval and n > 1 else ""
+            ci = " [{}, {}]".format(*map(bound, t_interval(d))) if interval and n > 1 else ""
             cells.append(f"{d.mean():+.1f}{sd} ({(d > 0).sum()}/{n}){ci}")
         out.append(f"| Δ {a} − {b} | {n} | " + " | ".join(cells) + " |")
     return "\n".join(out)
