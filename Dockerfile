@@ -29,10 +29,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    TOKENIZERS_PARALLELISM=false \
-    HF_HUB_OFFLINE=1 \
-    TRANSFORMERS_OFFLINE=1 \
     LTD_CACHE_DIR=/app/.cache/ltd
+# (The Hugging Face libraries are kept offline by `ltd` itself as it starts: training/hf_env.py.)
 
 WORKDIR /app
 RUN useradd --create-home --uid 1000 ltd && chown ltd /app

@@ -1,13 +1,13 @@
 # Two commands do everything: `make demo` and `make test`. Both create .venv when it is missing.
+# `make check` is the fast tier for the edit-test loop: ruff and every test not marked slow.
 PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# OMP_WAIT_POLICY is chosen per command by the app (app/__init__.py): PASSIVE for `ltd serve` only.
-export TOKENIZERS_PARALLELISM ?= false
-export HF_HUB_OFFLINE ?= 1
-export TRANSFORMERS_OFFLINE ?= 1
+# OMP_WAIT_POLICY is chosen per command by the CLI (app/cli/__init__.py): PASSIVE for `ltd serve` only.
+# The Hugging Face variables (offline, no tokenizer threads) are set by the CLI and the tests
+# themselves: training/hf_env.py.
 
-.PHONY: demo test install install-test browser-deps java-deps bench docs lint clean docker-check
+.PHONY: demo test check install install-test system-deps browser-deps java-deps bench docs lint clean docker-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -28,8 +28,12 @@ install-test: $(VENV)/.installed-test
 demo: install
 	$(BIN)/ltd demo $(ARGS)
 
-# Headless Chromium for the browser test (Debian package). Needs root + apt; without them the
-# browser test is skipped and says why.
+# The system packages some tests use, from apt: Chromium (the browser test) and a Java runtime
+# (METEOR, the tokenizer cross-check). `make test` runs this first; it installs only as root with
+# apt-get (and says so), otherwise those tests are skipped with the reason. The tests themselves are offline.
+system-deps: browser-deps java-deps
+
+# Headless Chromium for the browser test (Debian package).
 browser-deps:
 	@if command -v chromium >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -39,7 +43,7 @@ browser-deps:
 	else echo "chromium not installed and no root/apt-get: the browser test will be skipped"; fi
 
 # A Java runtime for METEOR (pycocoevalcap runs its jar) and the tokenizer cross-check test (Debian
-# package). Needs root + apt; without Java, `ltd caption eval` leaves METEOR out and says why.
+# package). Without Java, `ltd caption eval` leaves METEOR out and says why.
 java-deps:
 	@if command -v java >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -48,8 +52,15 @@ java-deps:
 			|| echo "JRE install failed: METEOR will be skipped"; \
 	else echo "java not installed and no root/apt-get: METEOR will be skipped"; fi
 
-test: install-test browser-deps java-deps
+# The whole suite, as CI runs it (README: how long it takes).
+test: install-test system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The fast tier: no training, no browser, no real data, no server start-ups (the markers are in
+# pyproject.toml; tests/conftest.py marks every test that uses a trained fixture). No apt, no network.
+check: install-test
+	$(BIN)/python -m ruff check .
+	$(BIN)/python -m pytest -m "not slow" -q $(PYTEST_ARGS)
 
 # `make test` runs both of these too (tests/test_lint.py, tests/test_docs_site.py).
 lint: install-test

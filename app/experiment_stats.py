@@ -90,7 +90,7 @@ def _per_query_stack(results: dict, cell: str, tag: str, seeds: list[int]) -> di
     for s in seeds:
         run = next((r for r in results["runs"] if r["cell"] == cell and r["seed"] == s), None)
         ix = Path(run["index_root"]) / tag if run and run.get("index_root") else None
-        pq = load_per_query(ix) if ix and (ix / "manifest.json").is_file() else None  # gone: a docs/results copy
+        pq = load_per_query(ix) if ix and ix.is_dir() else None  # a run's index, or its record under docs/results
         if pq is None:
             return None
         rows.append(pq)

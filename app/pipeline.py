@@ -17,13 +17,14 @@ from indexer.caption_eval import evaluate_captioner, write_caption_report
 from indexer.evaluate import evaluate_index, load_report, per_query_path, write_report
 from indexer.index import IndexDir, IndexDirError, load_index_dir, read_manifest
 from indexer.metrics import REPORT_KEYS, ndcg_key
-from indexer.validation import make_validator
+from indexer.training_validator import make_validator
 from training.captioning.checkpoint import load_caption_checkpoint
 from training.captioning.loop import train_captioner
-from training.checkpoint import load_checkpoint, sha256_file
+from training.checkpoint import load_checkpoint
 from training.config import Config, dump_config
 from training.config_base import ConfigError, load_saved
 from training.errors import UserFileExists
+from training.fsio import sha256_file
 from training.loop import pick_device, train
 from training.prepare import prepare
 

@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from training.hf_env import set_hf_environment  # noqa: E402
+
+set_hf_environment()  # before torch and transformers load
 
 import torch  # noqa: E402
 

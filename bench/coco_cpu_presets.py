@@ -104,7 +104,7 @@ def _one_epoch(cfg, out: Path) -> dict:
     """One epoch of ``cfg``, timed by part: prepare (data, features from the cache, LTD targets),
     set-up (model, frozen MiniLM caption embeddings), the epoch's steps, each validation."""
     import training.loop as loop
-    from indexer.validation import make_validator
+    from indexer.training_validator import make_validator
     from training.prepare import prepare
 
     parts = Parts()

@@ -25,15 +25,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench._common import publish  # noqa: E402
 from training.data.synthetic import generate_synthetic  # noqa: E402
+from training.fsio import sha256_file  # noqa: E402
 
 SECTION = "## Synthetic dataset generation (bench/data_synth.py)"
 
 
 def tree_digest(root: Path) -> str:
-    """sha256 over every file's relative path and bytes, in sorted order."""
+    """sha256 over every file's relative path and digest, in sorted order."""
     h = hashlib.sha256()
     for p in sorted(q for q in root.rglob("*") if q.is_file()):
-        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
+        h.update(f"{p.relative_to(root)}\0{sha256_file(p)}\n".encode())
     return h.hexdigest()
 
 

@@ -29,8 +29,8 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._metrics_reference import reference_retrieval_metrics  # noqa: E402
 from indexer.metrics import retrieval_metrics  # noqa: E402
-from indexer.metrics_reference import reference_retrieval_metrics  # noqa: E402
 from indexer.rouge import rouge_l_matrix  # noqa: E402
 
 BENCHMARKS = ROOT / "BENCHMARKS.md"

@@ -40,7 +40,7 @@ SECTION = "## Explanations: /api/explain and split-wide word usage (bench/explai
 def pick_captions(index_dir: str, words: int, n: int) -> list[int]:
     """Ids of ``n`` dataset captions with exactly ``words`` words (spread over the split)."""
     from indexer.index import load_index_dir
-    from search.explain import split_words
+    from search.attribution import split_words
 
     ix = load_index_dir(index_dir, verify="counts")
     meta = ix.captions.meta
@@ -146,7 +146,7 @@ def write(res: dict, command: str, note: str) -> None:
         "more than the work: with the OpenMP default (spinning) policy the split-wide occlusion ran at 55 variants/s "
         "against 214 with PASSIVE (2 threads, load ~13); and numpy's OpenBLAS pool beside torch's made a "
         "13 × 1,024 by 1,024 × 1,000 score product take 120 ms instead of ~1 ms, so the scores go through torch "
-        "(`search.explain.inner`). The GRU shortcut (search/occlusion_gru.py) halves the recurrent steps: "
+        "(`search.attribution.inner`). The GRU shortcut (search/occlusion_gru.py) halves the recurrent steps: "
         "3,435 variants in 6.6 s against 9.0 s encoding each as text, 1 thread, same process."])
     replace_section(SECTION, text)
 

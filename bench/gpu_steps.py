@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -44,8 +43,10 @@ import time
 import traceback
 from pathlib import Path
 
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from training.hf_env import set_hf_environment  # noqa: E402
+
+set_hf_environment()  # before torch and transformers load
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

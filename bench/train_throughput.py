@@ -24,9 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-# OMP_WAIT_POLICY: the default, as `ltd train` runs (app/__init__.py)
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# OMP_WAIT_POLICY: the default, as `ltd train` runs (app/cli/__init__.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from training.hf_env import set_hf_environment  # noqa: E402
+
+set_hf_environment()  # before torch and transformers load
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -1,6 +1,11 @@
-"""Choosing the search index from the corpus size: exact below a size, IVF-PQ with re-ranking above.
+"""Choosing the search index: tuned to a target (``auto``), or by the corpus size alone (``fixed``).
 
-``--factory auto`` (``build_vector_index(vectors, "auto")``):
+``--factory auto`` (``build_vector_index(vectors, "auto")``, or ``"auto:recall=R,memory=BYTES,ms=T"``
+from ``ltd index --recall R --max-memory M --max-query-ms T``): the fastest index that reaches
+recall@10 ≥ R (default 0.99) against exact search within the memory and time limits, measured on
+held-out queries drawn from the corpus (``indexer/tune.py``).
+
+``--factory fixed``, the rule ``auto`` was before it measured anything:
 
 - up to ``FLAT_MAX`` vectors: ``Flat`` (exact; 200,000 × 1024-d float32 is 0.8 GB and a query
   scans it in tens of milliseconds on 2 cores);
@@ -11,10 +16,9 @@
   and lists are what must fit in RAM (≈ (m + 8) bytes per vector: 40 MB per million at d = 256);
   the exact vectors are read from disk only for the candidates.
 
-Recall target: recall@10 ≥ 0.95 against exact search. The constants were set on the 1,000,000 ×
-256 clustered benchmark of ``bench/ann_index.py`` (BENCHMARKS.md, "A million-vector index"), a
-hard case (top-1 and top-10 neighbours differ by 0.03 in cosine); ``ltd eval`` reports the
-recall of every approximate index on its own data (``index_recall@10``).
+Its recall target was 0.95; on the 1,000,000 × 256 clustered benchmark of ``bench/ann_index.py``
+(BENCHMARKS.md, "A million-vector index") it reached 0.995, on 210,000 (just above ``FLAT_MAX``) 0.976.
+``ltd eval`` reports the recall of every approximate index on its own data (``index_recall@10``).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from indexer.tune import parse_auto, tune_index
 from indexer.vector_index import IndexDirError, VectorIndex
 
 FLAT_MAX = 200_000
@@ -42,7 +47,7 @@ def _pow2(x: float) -> int:
 
 
 def choose_index(n: int, d: int) -> IndexPlan:
-    """The index ``auto`` builds for ``n`` vectors of dimension ``d`` (module doc)."""
+    """The index ``fixed`` builds for ``n`` vectors of dimension ``d`` (module doc)."""
     if n <= FLAT_MAX:
         return IndexPlan("Flat")
     nlist = _pow2(2 * math.sqrt(n))
@@ -52,19 +57,24 @@ def choose_index(n: int, d: int) -> IndexPlan:
 
 
 def plan_for(factory: str, n: int, d: int) -> IndexPlan:
-    """``auto`` → ``choose_index``; any other factory string is built as given (FAISS defaults tuned by
+    """``fixed`` → ``choose_index``; any other factory string is built as given (FAISS defaults tuned by
     ``vector_index._tune``); an empty corpus stays an (empty) exact index."""
     if n == 0:
         return IndexPlan("Flat")
-    if factory == "auto":
+    if factory == "fixed":
         return choose_index(n, d)
     return IndexPlan(factory)
 
 
-def build_vector_index(vectors: np.ndarray, factory: str = "Flat", *, seed: int = 0) -> VectorIndex:
+def build_vector_index(vectors: np.ndarray, factory: str = "Flat", *, seed: int = 0,
+                       show_progress: bool = False) -> VectorIndex:
+    """The search index over ``vectors`` that ``factory`` names (module doc)."""
     vectors = np.asarray(vectors, dtype=np.float32)
     if vectors.ndim != 2:
         raise IndexDirError(f"expected (n, d) vectors, got shape {vectors.shape}")
-    plan = plan_for(factory, len(vectors), vectors.shape[1])
+    target = parse_auto(factory)
+    if target is not None and len(vectors):
+        return tune_index(vectors, target, seed=seed, show_progress=show_progress)
+    plan = plan_for("Flat" if target is not None else factory, len(vectors), vectors.shape[1])
     return VectorIndex.build(vectors, plan.factory, train_size=plan.train_size, seed=seed, nprobe=plan.nprobe,
                              rerank=plan.rerank)

@@ -148,4 +148,50 @@ def paired_bootstrap(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], *
            "n_images": len(d["i2t"]), "n_captions": len(d["t2i"])}
     if extra:
         out["t2i_ndcg"] = _interval(d["ndcg"].mean(), ext[0], level)
+    if by == "images":
+        out.update(protocol_intervals(a, b, image, len(d["i2t"]), n_resamples=n_resamples, level=level, seed=seed))
+    return out
+
+
+# The extra protocols' per-query arrays (indexer/protocols.py) → their report keys: (image-query array,
+# caption-query array, scale). ECCV and PMRP arrays are NaN for queries outside the protocol.
+PROTOCOL_ARRAYS = {"eccv_i2t_mAP@R": ("eccv_i2t_map", None, 100.0), "eccv_t2i_mAP@R": (None, "eccv_t2i_map", 100.0),
+                   "pmrp_i2t": ("pmrp_i2t_rprec", None, 100.0), "pmrp_t2i": (None, "pmrp_t2i_rprec", 100.0)}
+
+
+def _masked_delta(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], key: str) -> np.ndarray:
+    return _per_query_delta(np.nan_to_num(a[key], nan=0.0), np.nan_to_num(b[key], nan=0.0)) * \
+        np.where(np.isnan(np.atleast_2d(a[key])[0]), np.nan, 1.0)
+
+
+def protocol_intervals(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], image: np.ndarray, n_images: int, *,
+                       n_resamples: int = 10_000, level: float = 0.95, seed: int = 0) -> dict:
+    """Δ (b − a) and image-bootstrap intervals of the extra protocols both results hold: COCO 1K rsum
+    (fold-local ranks; folds of equal size make it a mean over queries) and ECCV mAP@R / PMRP (means
+    over the protocol's queries: a replicate's mean over the drawn images' queries, or their captions'
+    queries). Each replicate draws images with replacement, as ``resample_image_means`` does; ``image``
+    is each caption query's image (``t2i_image``)."""
+    out, n_i = {}, int(n_images)
+    if all(k in a and k in b for k in ("coco1k_i2t_first_rank", "coco1k_t2i_first_rank")):
+        d = {"i2t": _per_query_delta(recall_points(a["coco1k_i2t_first_rank"]), recall_points(b["coco1k_i2t_first_rank"])),
+             "t2i": _per_query_delta(recall_points(a["coco1k_t2i_first_rank"]), recall_points(b["coco1k_t2i_first_rank"]))}
+        reps, _ = resample_image_means(np.random.default_rng([seed, 1]), d["i2t"], d["t2i"], image, [], n_resamples)
+        out["coco1k_rsum"] = _interval(d["i2t"].mean() + d["t2i"].mean(), reps, level)
+    for name, (ikey, tkey, scale) in PROTOCOL_ARRAYS.items():
+        key = ikey or tkey
+        if key not in a or key not in b:
+            continue
+        d = _masked_delta(a, b, key) * scale
+        ok = ~np.isnan(d)
+        if ikey:  # per image: its own query's Δ (or none)
+            sums, counts = np.where(ok, d, 0.0), ok.astype(np.float64)
+        else:  # per image: the sum and count of its captions' Δ
+            sums = np.bincount(image, weights=np.where(ok, d, 0.0), minlength=n_i)
+            counts = np.bincount(image, weights=ok.astype(np.float64), minlength=n_i)
+        rng, reps = np.random.default_rng([seed, 2, len(out)]), np.empty(n_resamples)
+        chunk = max(1, CHUNK_ELEMENTS // max(n_i, 1))
+        for s in range(0, n_resamples, chunk):
+            ii = rng.integers(0, n_i, size=(min(chunk, n_resamples - s), n_i))
+            reps[s:s + len(ii)] = sums[ii].sum(axis=1) / np.maximum(counts[ii].sum(axis=1), 1.0)
+        out[name] = _interval(float(np.nanmean(d)), reps, level)
     return out

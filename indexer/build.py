@@ -11,9 +11,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from indexer import image_roots
 from indexer.ann import build_vector_index
+from indexer.caption_texts import with_model_texts
 from indexer.corpus import IMAGE_EXTS, check_corpus_inputs, image_files, read_captions_file
 from indexer.embed import embed_captions, embed_image_features, embed_image_files
+from indexer.file_meta import file_metadata
 from indexer.index import (
     ZERO_SHOT,
     IndexDir,
@@ -35,15 +38,16 @@ from training.checkpoint import (
     versions,
     zero_shot_checkpoint,
 )
-from training.data.karpathy import Split, image_folders, load_karpathy
+from training.data.formats import read_dataset
+from training.data.karpathy import Split, image_folders
+from training.data.members import location
 from training.data.shortcuts import apply_shortcuts
 from training.errors import UserValueError
 from training.features import extract_features, lookup_features
 from training.fsio import sha256_file
 from training.losses.objective import describe_loss
-from training.models.clip import resolve_clip_path
-from training.models.clip_files import read_clip_spec
 from training.models.dual_encoder import DualEncoder
+from training.models.towers import source_from_dir
 from training.regions import read_precomputed
 
 log = logging.getLogger(__name__)
@@ -77,19 +81,19 @@ def load_model(checkpoint: str | Path, device: str = "cpu", runtime: str | None 
     return LoadedModel(model, cfg, checkpoint, sha256_file(checkpoint), meta)
 
 
-def ensure_zero_shot(clip_dir: str | Path, index_dir: str | Path) -> Path:
-    """``index_dir/zero_shot.pt`` for a CLIP folder: written once, and kept while the folder's CLIP
-    (config, weights, tokenizer, preprocessing) is the same, so its sha256 — which the index's manifest
-    records and the server checks — stays put across rebuilds and appends. Index and checkpoint then
-    move together."""
+def ensure_zero_shot(clip_dir: str | Path, index_dir: str | Path, text_tower: str | Path | None = None) -> Path:
+    """``index_dir/zero_shot.pt`` for a tower folder (CLIP, SigLIP, open_clip …; ``text_tower``: another
+    folder's text tower beside it): written once, and kept while the towers (config, weights, tokenizer,
+    preprocessing) are the same, so its sha256 — which the index's manifest records and the server
+    checks — stays put across rebuilds and appends. Index and checkpoint then move together."""
     path = Path(index_dir) / ZERO_SHOT
     if path.is_file():
         try:
-            if load_checkpoint(path).get("clip") == read_clip_spec(resolve_clip_path(str(clip_dir))):
+            if load_checkpoint(path).get("clip") == source_from_dir(clip_dir, text_tower).spec:
                 return path
         except CheckpointError as e:
             log.warning("replacing %s: %s", path, e)
-    payload = zero_shot_checkpoint(clip_dir)  # a folder that cannot be used fails here, before --out exists
+    payload = zero_shot_checkpoint(clip_dir, text_tower)  # a folder that cannot be used fails here, before --out exists
     path.parent.mkdir(parents=True, exist_ok=True)
     log.info("zero-shot checkpoint of %s → %s", clip_dir, path)
     return save_checkpoint(path, payload)
@@ -136,13 +140,34 @@ def _confined_split(sp: Split) -> tuple[Split, list[Path], list[dict]]:
             [{"file": str(sp.images[k].path), "reason": "resolves outside the dataset's image folders"} for k in out])
 
 
+def split_images_meta(ds, kept_imgs: list, c2i: list[int]) -> dict:
+    """The images side's metadata of a split: ids, file names, resolved paths (a shard member's shard,
+    with ``members``: [name, offset, size]), caption positions, COCO ids, and the corpus's per-image
+    ``metadata`` (a list of JSON-safe dicts, one per image row, when the dataset has any)."""
+    locs = [location(im.path) for im in kept_imgs]
+    caps: list[list[int]] = [[] for _ in kept_imgs]
+    for j, i in enumerate(c2i):
+        if i >= 0:
+            caps[i].append(j)
+    meta = {"ids": [im.id for im in kept_imgs], "filenames": [im.filename for im in kept_imgs],
+            "paths": [p for p, _ in locs], "captions": caps}
+    if any(m is not None for _, m in locs):
+        meta["members"] = [m for _, m in locs]
+    if any(im.cocoid is not None for im in kept_imgs):
+        meta["cocoids"] = [im.cocoid for im in kept_imgs]
+    if ds.image_meta:
+        meta["metadata"] = [ds.image_meta[im.index] for im in kept_imgs]
+    return meta
+
+
 def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str, out: str | Path, *,
                         factory: str = "Flat", images_root: str | None = None, shortcuts: str = "none",
                         overwrite: bool = False, show_progress: bool = True, device: str = "cpu",
-                        name: str | None = None, runtime: str | None = None, ray=None) -> IndexDir:
-    """Index a split of a Karpathy dataset (with ground truth). ``ray``: a ``ray_engine.RayOptions``."""
+                        name: str | None = None, runtime: str | None = None, ray=None, columns: str = "") -> IndexDir:
+    """Index a split of a dataset in any format (``training/data/formats.py``; ground truth: its captions).
+    ``ray``: a ``ray_engine.RayOptions``; ``columns``: a table's column roles."""
     check_target(Path(out), overwrite)
-    ds = load_karpathy(dataset, images_root=images_root, drop_missing=True)
+    ds = read_dataset(dataset, images_root=images_root, drop_missing=True, columns=columns)
     ds.split(split)  # an unknown split fails here, before the model loads
     lm = load_model(checkpoint, device, runtime)
     sp, roots, outside = _confined_split(ds.split(split))
@@ -168,14 +193,10 @@ def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str,
     pos = {old: new for new, old in enumerate(keep)}
     c2i = [pos.get(int(i), -1) for i in sp.caption_to_image]
     kept_imgs = [sp.images[k] for k in keep]
-    images_meta = {"ids": [im.id for im in kept_imgs], "filenames": [im.filename for im in kept_imgs],
-                   "paths": [str(im.path.resolve()) for im in kept_imgs],
-                   "captions": [[j for j, i in enumerate(c2i) if i == k] for k in range(len(kept_imgs))]}
-    if any(im.cocoid is not None for im in kept_imgs):
-        images_meta["cocoids"] = [im.cocoid for im in kept_imgs]
+    images_meta = split_images_meta(ds, kept_imgs, c2i)
     captions_meta = {"ids": [c.id for c in sp.captions], "texts": [c.raw for c in sp.captions], "image": c2i}
-    if texts != captions_meta["texts"]:
-        captions_meta["model_texts"] = texts
+    if texts != captions_meta["texts"]:  # a shortcut setting rewrote them: read back with model_texts()
+        with_model_texts(captions_meta, texts)
     if any(c.annid is not None for c in sp.captions):
         captions_meta["annids"] = [c.annid for c in sp.captions]
     skipped = outside + [{"file": str(sp.images[k].path), "reason": r} for k, r in sorted(failed.items())]
@@ -183,10 +204,11 @@ def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str,
                 "model": lm.meta, "dataset": {"name": ds.name, "json": str(ds.json_path), "split": sp.name,
                                               "images_root": str(ds.root.resolve())},
                 "image_roots": [str(r) for r in roots],
-                "ground_truth": True, "shortcuts": shortcuts, "factory": factory, "metric": "inner_product",
+                "ground_truth": bool(sp.captions), "shortcuts": shortcuts, "factory": factory, "metric": "inner_product",
                 "dim": int(img_vecs.shape[1]), "normalized": True, "skipped": skipped, "versions": versions()}
     ix = save_index_dir(out, manifest, Modality(build_vector_index(img_vecs, factory), img_vecs, images_meta),
                         Modality(build_vector_index(txt_vecs, factory), txt_vecs, captions_meta), overwrite=overwrite)
+    image_roots.record(ix.path, roots)
     _drop_shards(ray)
     return ix
 
@@ -263,7 +285,8 @@ def _corpus_items(lm: LoadedModel, images_dir: str | Path | None, captions_file:
     skipped += [{"file": str(new[k][0]), "reason": r, "sha256": new[k][1]} for k, r in sorted(failed.items())]
     images_meta = {"ids": list(range(start_image_id, start_image_id + len(ok))),
                    "filenames": [str(p.relative_to(folder)) for p, _ in ok],
-                   "paths": [str(p.resolve()) for p, _ in ok], "captions": [[] for _ in ok], "sha256": [d for _, d in ok]}
+                   "paths": [str(p.resolve()) for p, _ in ok], "captions": [[] for _ in ok], "sha256": [d for _, d in ok],
+                   "metadata": [file_metadata(p, folder) for p, _ in ok]}  # folder, file time, EXIF date, size
     captions_meta = {"ids": list(range(start_caption_id, start_caption_id + len(texts))), "texts": texts,
                      "image": [-1] * len(texts)}
     return img_vecs, images_meta, txt_vecs, captions_meta, skipped
@@ -290,6 +313,7 @@ def build_corpus_index(checkpoint: str | Path, out: str | Path, *, images_dir: s
                 "dim": int(lm.model.image.embed_dim), "normalized": True, "skipped": skipped, "versions": versions()}
     ix = save_index_dir(out, manifest, Modality(vindex(img_vecs), img_vecs, images_meta),
                         Modality(vindex(txt_vecs), txt_vecs, captions_meta), overwrite=overwrite)
+    image_roots.record(ix.path, [images_dir] if images_dir else [])
     _drop_shards(ray)
     return ix
 
@@ -316,5 +340,7 @@ def append_corpus(index_dir: str | Path, checkpoint: str | Path, *, images_dir=N
     sources = {"images_dir": str(images_dir or ""), "captions_file": str(captions_file or ""),
                "images": len(img_vecs), "captions": len(txt_vecs), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     roots = [str(r) for r in ix.image_roots] + ([str(Path(images_dir).resolve())] if images_dir else [])
-    return append_to_index_dir(ix, (img_vecs, images_meta), (txt_vecs, captions_meta), skipped=skipped,
-                               sources=sources, image_roots=sorted(set(roots)))
+    out = append_to_index_dir(ix, (img_vecs, images_meta), (txt_vecs, captions_meta), skipped=skipped,
+                              sources=sources, image_roots=sorted(set(roots)))
+    image_roots.record(out.path, [images_dir] if images_dir else [])  # only the folder given now
+    return out

@@ -19,9 +19,9 @@ from training.captioning.checkpoint import captioner_from_checkpoint, load_capti
 from training.captioning.data import grid_store, regions
 from training.captioning.inference import caption_rows
 from training.captioning.retrieval_reward import load_judge
-from training.checkpoint import sha256_file
 from training.data.convert import write_json_atomic
 from training.data.karpathy import Dataset, DatasetError, load_karpathy
+from training.fsio import sha256_file
 from training.prepare import resolve_dataset_path
 
 log = logging.getLogger(__name__)

@@ -34,11 +34,16 @@ def check_comparable(a: IndexDir, b: IndexDir) -> None:
                             "index the same dataset split with both checkpoints")
 
 
-def compare_indexes(a: IndexDir, b: IndexDir, *, relevance: bool = True, p_at: int = 5, ndcg_k: int = 25,
-                    directions: tuple[str, ...] = ("t2i", "i2t")) -> list[dict]:
+def compare_indexes(a: IndexDir, b: IndexDir, *, relevance: bool | np.ndarray = True, p_at: int = 5,
+                    ndcg_k: int = 25, directions: tuple[str, ...] = ("t2i", "i2t")) -> list[dict]:
+    """Per-query rows (``FIELDS``), most disagreement first. ``relevance``: True computes (and caches)
+    ROUGE-L graded relevance for nDCG, False leaves nDCG out, an array (captions × images) is used as is."""
     check_comparable(a, b)
     c2i, mask = ground_truth(a)
-    rel = rouge_relevance(a, show_progress=False) if relevance else None
+    if isinstance(relevance, np.ndarray):
+        rel = relevance
+    else:
+        rel = rouge_relevance(a, show_progress=False) if relevance else None
     cap_rows = np.flatnonzero(mask)
     per: dict[str, dict[str, dict[str, np.ndarray]]] = {}
     for tag, ix in (("a", a), ("b", b)):

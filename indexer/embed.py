@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.data.decode_pool import ImageTransform, RenumberedTransform, decoded_batches
+from training.data.decode_pool import ImageTransform, RenumberedTransform
+from training.data.gpu_decode import image_batches, to_device
+from training.data.members import image_sources
 from training.losses import similarity_fn
 from training.models.dual_encoder import DualEncoder, NoImageBackbone
 from training.models.text_encoder import move_batch
@@ -51,8 +53,9 @@ def embed_image_files(model: DualEncoder, paths: Sequence[str | Path], *, batch_
                       transform: ImageTransform | None = None,
                       image_ids: Sequence[int] | None = None) -> tuple[np.ndarray, dict[int, str]]:
     """Encode image files through the backbone, decoding in worker processes while the CNN runs
-    (``decode_pool``). Unreadable files are skipped and returned as ``{position: reason}``; the
-    embedding array has one row per readable file, in order. ``transform`` (synthetic shortcuts)
+    (``decode_pool``), or on the GPU with the model there (``gpu_decode``). Unreadable files are
+    skipped and returned as ``{position: reason}``; the embedding array has one row per readable
+    file, in order. ``transform`` (synthetic shortcuts)
     draws on every view, keyed by the files' dataset indices ``image_ids``."""
     model.eval()
     enc = model.image
@@ -60,18 +63,18 @@ def embed_image_files(model: DualEncoder, paths: Sequence[str | Path], *, batch_
         raise NoImageBackbone("this model was trained on precomputed features and has no image backbone")
     out, failed = [], {}
     v, s = enc.n_crops, enc.backbone.preprocess.size
-    paths = [Path(p) for p in paths]
+    paths = image_sources(paths)
     if transform is not None:
         transform = RenumberedTransform(transform, image_ids if image_ids is not None else range(len(paths)))
     with progress(len(paths), desc="image embeddings", unit="img", disable=not show_progress) as bar:
-        for idx, x, bad in decoded_batches(paths, range(len(paths)), enc.backbone.preprocess, n_views=v,
-                                           batch_size=batch_size * v, workers=workers, draft=draft,
-                                           transform=transform):
+        for idx, x, bad in image_batches(paths, range(len(paths)), enc.backbone.preprocess, device=model.device,
+                                         n_views=v, batch_size=batch_size * v, workers=workers, draft=draft,
+                                         transform=transform):
             for j, err in bad:
                 failed[j] = err
                 log.warning("skipped: %s", err)
             if x is not None:
-                out.append(enc(x.reshape(len(idx), v, 3, s, s).to(model.device)).float().cpu().numpy())
+                out.append(enc(to_device(x, model.device).reshape(len(idx), v, 3, s, s)).float().cpu().numpy())
             bar.update(len(idx) + len(bad))
     return (np.concatenate(out) if out else np.zeros((0, enc.embed_dim), np.float32)), failed
 

@@ -49,6 +49,9 @@ _DERIVED_RE = re.compile(r"^(?:relevance_\w+|per_query|word_occlusion|embedding_
 _LEGACY = {f"{m}.{k}" for m in MODALITIES for k in KINDS} | {"relevance_rougeL.npy"}
 _REPORTS = ("report.json", "report.md")
 ZERO_SHOT = "zero_shot.pt"  # an untrained CLIP's checkpoint, written beside the index it was built with
+# The living index's item store beside the generations (indexer/items.py) and its lock.
+STORE_FILES = frozenset({"items.sqlite", "items.sqlite-wal", "items.sqlite-shm", "items.sqlite-journal", "items",
+                         ".compact.lock"})
 
 
 @dataclass
@@ -70,6 +73,7 @@ class IndexDir:
     manifest: dict
     images: Modality
     captions: Modality
+    served_roots: tuple[Path, ...] | None = None  # set by ``confine``
 
     @property
     def name(self) -> str:
@@ -93,12 +97,18 @@ class IndexDir:
             roots = {os.path.dirname(p) for p in self.images.meta.get("paths", []) if p}
         return tuple(sorted(Path(r).resolve() for r in roots))
 
+    def confine(self, roots: tuple[Path, ...]) -> None:
+        """Serve image files only from ``roots`` (a server: the manifest's folders that the operator
+        allowed, indexer/image_roots.py) instead of every folder the manifest names."""
+        self.served_roots = tuple(roots)
+
     def image_file(self, pos: int) -> Path:
         """The image file of row ``pos``, resolved (symlinks followed), and only when it lies inside
-        :attr:`image_roots`: a link swapped in after the build, or a path list that names files
-        elsewhere, is refused rather than served."""
+        :attr:`image_roots` (or the folders ``confine`` allowed): a link swapped in after the build, or a
+        path list that names files elsewhere, is refused rather than served."""
         path = Path(self.images.meta["paths"][pos]).resolve()
-        if not inside_roots(path, self.image_roots):
+        roots = self.served_roots if self.served_roots is not None else self.image_roots
+        if not inside_roots(path, roots):
             raise IndexDirError(f"{self.path}: image {self.images.ids[pos]} resolves to a file outside the index's "
                                 "image folders; it is not served")
         return path
@@ -137,7 +147,7 @@ def _data_name(modality: str, kind: str, generation: int) -> str:
 def _ours(name: str) -> bool:
     """A file an index write creates (so an interrupted build's folder may be reused)."""
     return bool(_DATA_RE.match(name) or _DERIVED_RE.match(name)) or name in _LEGACY or name in _REPORTS \
-        or name in ("manifest.json", ZERO_SHOT)
+        or name in ("manifest.json", ZERO_SHOT) or name in STORE_FILES
 
 
 def collect_garbage(path: Path, manifest: dict | None) -> list[str]:
@@ -201,6 +211,10 @@ def check_target(path: Path, overwrite: bool) -> dict | None:
     if (path / "manifest.json").is_file():
         if not overwrite:
             raise UserFileExists(f"{path} already exists; pass --overwrite to replace it or --append to add to it")
+        if (path / "items.sqlite").exists():
+            raise UserFileExists(f"{path} is a living index (it has an item store: items added, removed or edited "
+                                 "through the API or `ltd items`); --overwrite would lose them. Build into another "
+                                 "folder, or move items.sqlite and items/ away first")
         try:
             return read_manifest(path)
         except IndexDirError:
@@ -261,6 +275,19 @@ def append_to_index_dir(ix: IndexDir, images: tuple[np.ndarray, dict] | None,
     return _commit(path, manifest, mods)
 
 
+def commit_generation(ix: IndexDir, mods: dict[str, Modality], updates: dict) -> IndexDir:
+    """Replace both sides of ``ix`` by ``mods`` as its next generation (compaction); ``updates`` go into
+    the manifest. Refused when another writer committed since ``ix`` was loaded."""
+    path = ix.path
+    current = read_manifest(path)
+    if current.get("generation") != ix.manifest.get("generation"):
+        raise IndexDirError(f"{path} changed while this write was running; run it again")
+    collect_garbage(path, current)
+    manifest = {**ix.manifest, **updates, "generation": ix.generation + 1,
+                "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return _commit(path, manifest, mods)
+
+
 # ---- reading --------------------------------------------------------------------------------------
 def _verify_files(path: Path, manifest: dict, hashes: bool) -> None:
     files = manifest.get("files") or {}
@@ -294,7 +321,8 @@ def _load_modality(path: Path, manifest: dict, name: str, mmap: bool = False) ->
         raise IndexDirError(f"{path}: cannot read {name} (nested too deeply)") from None
     spec = (manifest.get("indexes") or {}).get(name) or {"factory": manifest.get("factory", "Flat")}
     index = VectorIndex.load(path / files[f"{name}.faiss"]["file"], spec.get("factory") or "Flat",
-                             nprobe=spec.get("nprobe"), rerank=int(spec.get("rerank") or 0), exact=vectors, mmap=mmap)
+                             nprobe=spec.get("nprobe"), rerank=int(spec.get("rerank") or 0), exact=vectors, mmap=mmap,
+                             ef_search=spec.get("efSearch"), tuning=spec.get("tuning"))
     want = (manifest.get("counts") or {}).get(name)
     counts = {index.ntotal, len(vectors), len(meta.get("ids", [])), want}
     if len(counts) != 1 or vectors.ndim != 2:
@@ -365,6 +393,6 @@ def relative_to_index(index_path: Path, target: str | Path) -> str:
     return os.path.relpath(Path(target).resolve(), Path(index_path).resolve())
 
 
-__all__ = ["FORMAT_VERSION", "ZERO_SHOT", "IndexDir", "IndexDirError", "Modality", "VectorIndex", "append_to_index_dir", "check_target",
-           "collect_garbage", "load_index_dir", "open_for_append", "read_manifest", "relative_to_index", "resolve_checkpoint",
-           "save_index_dir"]
+__all__ = ["FORMAT_VERSION", "ZERO_SHOT", "IndexDir", "IndexDirError", "Modality", "VectorIndex", "append_to_index_dir",
+           "check_target", "collect_garbage", "commit_generation", "load_index_dir", "open_for_append",
+           "read_manifest", "relative_to_index", "resolve_checkpoint", "save_index_dir"]

@@ -18,11 +18,14 @@
 Imports flow ``training ← indexer ← search ← app``; nothing here knows about HTTP or Gradio.
 """
 from indexer.metrics import REPORT_KEYS
+from search.attribution import Explanation, ModelAttribution, WordAttribution
 from search.captioning import CaptionService
 from search.embedmap import EmbeddingMap
 from search.errors import (
            BadRequest,
            Busy,
+           Conflict,
+           Forbidden,
            NotFound,
            NotReady,
            SearchError,
@@ -30,7 +33,6 @@ from search.errors import (
            UnsupportedMediaType,
            redact_paths,
 )
-from search.explain import Explanation, ModelAttribution, WordAttribution
 from search.results import (
            CaptionCheck,
            CaptionerInfo,
@@ -51,7 +53,7 @@ from search.results import (
 from search.service import SearchConfig, SearchService
 from search.word_usage import WordStat, WordUsage
 
-__all__ = ["REPORT_KEYS", "BadRequest", "Busy", "CaptionCheck", "CaptionResult", "CaptionService", "CaptionerInfo",
+__all__ = ["REPORT_KEYS", "BadRequest", "Busy", "Conflict", "Forbidden", "CaptionCheck", "CaptionResult", "CaptionService", "CaptionerInfo",
            "CaptionersStatus", "CompareResult", "CutoffMetrics", "DatasetCaption", "EmbeddingMap", "Explanation",
            "GeneratedCaption", "Hit", "ImageRank", "ModelAttribution", "ModelInfo", "NotFound", "NotReady",
            "QueryInfo", "QueryMetrics", "SearchConfig", "SearchError", "SearchResult", "SearchService",

@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class CaptionerEntry:
+    """A loaded captioner: its model, vocabulary, the grid backbone for its input size, and what the
+    checkpoint says about its training. Safe to share between request threads (inference mode only)."""
+
     name: str
     model: torch.nn.Module
     vocab: object  # training.captioning.vocab.CaptionVocab
@@ -34,6 +37,8 @@ class CaptionerEntry:
 
     @torch.inference_mode()
     def caption(self, img: Image.Image, beam: int) -> str:
+        """The caption of ``img`` (a PIL image) by beam search of width ``beam`` (1 = greedy); "" when the
+        captioner produces no words."""
         x = self.backbone.preprocess(img, 1)[None]
         ids = decode_regions(self.model, grid_regions(self.backbone.extract(x)), self.vocab, beam=beam)
         return self.vocab.decode_batch(ids)[0]
@@ -51,6 +56,7 @@ class CaptionerRegistry:
 
     @property
     def names(self) -> list[str]:
+        """The configured captioner names, loaded or not, in the order given."""
         return list(self.specs)
 
     def load(self) -> None:
@@ -83,6 +89,8 @@ class CaptionerRegistry:
         return CaptionerEntry(name, model, vocab, self._backbones[size], path.resolve(), sha256_file(path), info)
 
     def get(self, name: str) -> CaptionerEntry:
+        """The loaded captioner ``name``. NotFound for a name that is not configured (the message lists
+        the served ones), NotReady while loading or for one that failed (with the reason, paths redacted)."""
         if name not in self.specs:
             raise NotFound(f"unknown captioner {name!r}; served captioners: {', '.join(self.names) or 'none'}")
         if name in self.failed:

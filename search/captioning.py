@@ -31,6 +31,11 @@ MAX_BEAM = 20
 
 
 class CaptionService:
+    """Captions of an image beside a ``SearchService``: what each served captioner says, scored by
+    CIDEr-D against the image's references and by self-retrieval (the image's rank for the caption under
+    each retrieval model). Its captioners load in the search service's loading thread, so ``ready``
+    covers them. Every method is safe to call from many request threads at once."""
+
     def __init__(self, search: SearchService, captioners: dict[str, str | Path] | None = None):
         self.search = search
         self.captioners = CaptionerRegistry(captioners, search.config.device)
@@ -164,6 +169,9 @@ class CorpusCider:
         return [self.words.setdefault(w, len(self.words) + 1) for w in self._tok(text).split()]
 
     def score(self, caption: str, row: int) -> float | None:
+        """CIDEr-D of ``caption`` against the references of the image at ``row`` of the index, with
+        document frequencies over the whole index; None for an image without references. At most the first
+        48 words count."""
         if not self.has_refs[row]:
             return None
         new: dict[str, int] = {}

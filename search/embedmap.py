@@ -39,6 +39,9 @@ def pca_2d(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True)
 class EmbeddingMap:
+    """A 2-D map of one model's image and caption embeddings (PCA over both, each modality centred
+    first), the variance its two axes explain, and the modality gap."""
+
     model: str
     images: np.ndarray  # (n_images, 2), in the index's image order
     captions: np.ndarray  # (n_captions, 2)
@@ -49,6 +52,8 @@ class EmbeddingMap:
 
 
 def embedding_map(name: str, ix: IndexDir) -> EmbeddingMap:
+    """The embedding map of the index ``ix`` served as ``name``: computed once and cached next to the
+    index (a versioned file, recomputed when stale). Reads every vector; call it off the event loop."""
     def compute() -> dict[str, np.ndarray]:
         img, cap = (np.asarray(m.vectors, dtype=np.float64) for m in (ix.images, ix.captions))
         mi, mc = img.mean(axis=0), cap.mean(axis=0)

@@ -62,6 +62,8 @@ class TextBatcher:
         self._thread.start()
 
     def submit(self, text: str) -> Future:
+        """Queue ``text`` for the batcher thread; the future resolves to its embedding (or the encoder's
+        error). NotReady once the batcher is closed. Thread-safe."""
         fut: Future = Future()
         with self._cv:
             if self._closed:
@@ -71,6 +73,8 @@ class TextBatcher:
         return fut
 
     def encode(self, text: str) -> np.ndarray:
+        """The embedding of ``text``: encoded inline on the calling thread when the encoder is idle, else
+        queued and awaited with the next batch. NotReady once the batcher is closed. Thread-safe."""
         with self._cv:
             if self._closed:
                 raise NotReady("the service is shutting down")
@@ -115,6 +119,8 @@ class TextBatcher:
                     f.set_result(vecs[row[t]].copy())
 
     def close(self) -> None:
+        """Refuse new texts, wake the batcher thread and wait (up to 5 s) for it to finish the batch in
+        hand. Idempotent."""
         with self._cv:
             self._closed = True
             self._cv.notify_all()
@@ -137,6 +143,8 @@ class FrozenTowerQueries:
         self.text, self.runtime = text, runtime
 
     def prepare(self, texts: list[str]) -> dict:
+        """The text encoder's input for ``texts``: the frozen tower's sentence embeddings, computed by the
+        runtime (ONNX Runtime, OpenVINO or torch) instead of the torch tower."""
         return {"sentence_embedding": self.runtime(texts)}
 
     def __call__(self, batch: dict) -> torch.Tensor:
@@ -183,6 +191,9 @@ class QueryEncoder:
         self.hits = self.misses = 0
 
     def attach(self, entry: ModelEntry) -> None:
+        """Set up the query encoding of a model that just loaded: its fastest text runtime (logged and
+        kept in ``runtimes``) and, with batching, its ``TextBatcher``. Called once per model by the registry's
+        loading thread, before requests reach the model."""
         self._encoders[entry.name], self.runtimes[entry.name] = query_encoder(entry.model.text, self.runtime, self.quantize,
                                                                               self.runtime_threads)
         r = self.runtimes[entry.name]
@@ -262,12 +273,15 @@ class QueryEncoder:
         return vec
 
     def info(self) -> dict:
+        """Counters for /metrics and the health page: cache capacity, size, hits and misses, batching,
+        each model's text runtime, and the batchers' encoder calls and queries."""
         b = list(self._batchers.values())
         return {"capacity": self.cache_size, "size": len(self._cache), "hits": self.hits, "misses": self.misses,
                 "batching": self.batching, "runtimes": {k: dict(v) for k, v in self.runtimes.items()},
                 "encoder_calls": sum(x.calls for x in b), "encoded_queries": sum(x.items for x in b)}
 
     def clear(self) -> None:
+        """Empty the query-embedding cache and reset its hit and miss counters (thread-safe)."""
         with self._lock:
             self._cache.clear()
             self.hits = self.misses = 0

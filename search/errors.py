@@ -38,6 +38,15 @@ class UnsupportedMediaType(SearchError):
     """An upload that is not an image of an accepted type."""
 
 
+class Forbidden(SearchError):
+    """Allowed to no one here: writes to a server started without ``--writable``, a folder outside the
+    ingest roots."""
+
+
+class Conflict(SearchError):
+    """The request does not fit the current state (e.g. a compaction already running)."""
+
+
 # A path with at least one folder: absolute (/a/b), home-relative (~/a) or relative (../a, ./a).
 # Components stop at whitespace, quotes, brackets and the separators of flags (=, @, :, ,).
 _PATH = re.compile(r"(?<![\w./~-])(?:~|\.\.?)?/(?:[^\s/'\"`,;:=@()<>\[\]{}]+/)+([^\s/'\"`,;:=@()<>\[\]{}]*)")

@@ -1,6 +1,6 @@
 """``Explainer``: what the service answers about *why* models rank as they do.
 
-- ``explain``: one query, one image, several models → word attributions (search/explain.py);
+- ``explain``: one query, one image, several models → word attributions (search/attribution.py);
 - ``word_usage``: two models over their whole split → the words one uses and the other ignores
   (search/word_usage.py), computed once per index (cached next to it);
 - ``embedding_map``: one model's images and captions in 2-D (search/embedmap.py), cached likewise.
@@ -15,12 +15,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from indexer.caption_texts import model_texts
 from indexer.index import IndexDirError
 from search import occlusion_gru
+from search.attribution import MAX_WORDS, Explanation, ModelAttribution, attribute
 from search.embedmap import EmbeddingMap, embedding_map
 from search.encoding import QueryEncoder
 from search.errors import BadRequest
-from search.explain import MAX_WORDS, Explanation, ModelAttribution, attribute
 from search.registry import ModelEntry
 from search.word_usage import VariantEncoder, WordUsage, compare_usage, occlusion_table, text_variants
 
@@ -28,6 +29,11 @@ MAX_MODELS = 4
 
 
 class Explainer:
+    """Why models rank as they do: word attributions of one query (``explain``), the words each model
+    uses over a whole split (``word_usage``) and embedding maps. The split tables and maps are computed
+    once per model, under a per-model lock, and cached next to the index; every method is safe to call
+    from many request threads at once."""
+
     def __init__(self, get: Callable[[str | None], ModelEntry], encoder: QueryEncoder,
                  encode_upload: Callable[[str, bytes], np.ndarray], clean: Callable[[str], str], *,
                  max_words: int = MAX_WORDS):
@@ -91,7 +97,7 @@ class Explainer:
              image_bytes: bytes | None) -> ModelAttribution:
         if caption_id is not None:
             meta = e.index.captions.meta
-            text = (meta.get("model_texts") or meta["texts"])[e.caption_row(caption_id)]
+            text = model_texts(meta)[e.caption_row(caption_id)]
         row = e.image_row(image_id) if image_id is not None else None
         vec = self._encode_upload(e.name, image_bytes) if image_bytes is not None else None
         return attribute(e.name, text or "", self.encode(e), e.index.images.vectors, row=row, image_vec=vec,
@@ -101,24 +107,56 @@ class Explainer:
     def occlusion(self, name: str, show_progress: bool = False) -> dict:
         """Model ``name``'s split-wide occlusion table (search/word_usage.py), once per process and index."""
         e = self._get(name)
+        base = base_index(e)
         with self._lock("occ:" + name):
-            if name not in self._tables:
-                self._tables[name] = occlusion_table(e.index, self.encode_variants(e), show_progress=show_progress)
-            return self._tables[name]
+            if self._tables.get(name, (None,))[0] is not base:  # first call, or a compaction's new generation
+                self._tables[name] = (base, occlusion_table(base, self.encode_variants(e), show_progress=show_progress))
+            return self._tables[name][1]
 
     def word_usage(self, a: str, b: str, *, min_count: int = 5, show_progress: bool = False) -> WordUsage:
+        """The words ``b`` uses and ``a`` ignores (and the reverse) over the split both index, from each
+        model's occlusion table (computed once per index generation, cached next to the index: minutes on
+        a CPU for a large split). After writes: the occurrences of captions both models still serve, with
+        ranks as the generation's table measured them (items added since are not in it; a removed image
+        stays a candidate there until a compaction, never a query or an example). BadRequest for one
+        model twice, a corpus index, or indexes of different splits; NotFound / NotReady from the
+        registry."""
         if a == b:
             raise BadRequest("word usage compares two different models")
         ea, eb = self._get(a), self._get(b)
         ta, tb = self.occlusion(a, show_progress), self.occlusion(b, show_progress)
         try:
-            return compare_usage(ea.index, eb.index, ta, tb, names=(a, b), min_count=max(1, int(min_count)))
+            return compare_usage(base_index(ea), base_index(eb), ta, tb, names=(a, b), min_count=max(1, int(min_count)),
+                                 keep=served_base_captions(ea, eb))
         except IndexDirError as err:
             raise BadRequest(str(err)) from None
 
     def embedding_map(self, name: str) -> EmbeddingMap:
+        """Model ``name``'s embedding map, computed once per model (NotFound / NotReady from the registry)."""
         e = self._get(name)
         with self._lock("map:" + name):
             if name not in self._maps:
                 self._maps[name] = embedding_map(name, e.index)
             return self._maps[name]
+
+
+def base_index(e: ModelEntry):
+    """The index generation ``e`` serves, without the writes since (what split-wide tables are made of)."""
+    return e.live.base if e.live is not None else e.index
+
+
+def served_base_captions(a: ModelEntry, b: ModelEntry) -> np.ndarray | None:
+    """Per caption row of ``a``'s generation: both models still serve it and its image (None: neither
+    model is living)."""
+    if a.live is None and b.live is None:
+        return None
+    base = base_index(a)
+    c2i = base.captions.meta["image"]
+    img_ids, cap_ids = base.images.ids, base.captions.ids
+
+    def served(c: int) -> bool:
+        j = c2i[c]
+        return j is not None and j >= 0 and all(
+            e.caption_pos.get(int(cap_ids[c])) is not None and e.image_pos.get(int(img_ids[j])) is not None
+            for e in (a, b) if e.live is not None)
+    return np.array([served(c) for c in range(len(cap_ids))], bool)

@@ -12,16 +12,13 @@
 """
 from __future__ import annotations
 
-import logging
 import os
 import stat
-import tempfile
 import threading
 from pathlib import Path
 
 from search.errors import NotFound
-
-log = logging.getLogger(__name__)
+from training.data.members import MAX_MEMBER_BYTES, ImageMember
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
 # Magic numbers of the formats load_image accepts (WebP is RIFF....WEBP).
@@ -40,21 +37,27 @@ def sniff_image_type(data: bytes) -> str | None:
 
 
 # ---- images an index serves ------------------------------------------------------------------------
-def servable_image(path: Path, what: str) -> Path:
+def servable_image(path: Path | ImageMember, what: str) -> Path | ImageMember:
     """``path`` (already resolved and confined to the index's image folders: IndexDir.image_file) when
-    it is a regular file with an image extension whose first bytes name an image type; NotFound
-    otherwise (the message says what is wrong, not where)."""
+    it is a regular file with an image extension whose first bytes name an image type — or a shard
+    member with an image name, inside its shard and at most ``MAX_MEMBER_BYTES``, whose first bytes do;
+    NotFound otherwise (the message says what is wrong, not where)."""
+    member = path if isinstance(path, ImageMember) else None
     if path.suffix.lower() not in IMAGE_SUFFIXES:
         raise NotFound(f"{what} is not an image file; it is not served")
+    container = member.container if member is not None else path
     try:
-        st = path.stat()
+        st = container.stat()
     except OSError:
         raise NotFound(f"{what} is in the index, but its file is missing on the server") from None
     if not stat.S_ISREG(st.st_mode):
         raise NotFound(f"{what} is not a regular file; it is not served")
+    if member is not None and (member.size > MAX_MEMBER_BYTES or member.offset + member.size > st.st_size):
+        raise NotFound(f"{what} is not inside its shard as the index recorded it (changed or truncated?)")
     try:
-        with open(path, "rb") as f:
-            head = f.read(16)
+        with open(container, "rb") as f:
+            f.seek(member.offset if member is not None else 0)
+            head = f.read(min(16, member.size) if member is not None else 16)
     except OSError:
         raise NotFound(f"{what} cannot be read on the server") from None
     if sniff_image_type(head) is None:
@@ -62,36 +65,7 @@ def servable_image(path: Path, what: str) -> Path:
     return path
 
 
-# ---- private folders ---------------------------------------------------------------------------------
-def private_folder(path: str | Path) -> Path:
-    """``path`` as a folder only this user can use: created 0700 (parents too); an existing one must
-    be a real folder (not a link) owned by this user that nobody else can write to (its read bits
-    for others are then removed). PermissionError otherwise."""
-    path = Path(path).absolute()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise PermissionError(f"{path} is not a private folder of this user (a link, someone else's, or writable "
-                              "by others); remove it or name another")
-    if st.st_mode & 0o077:
-        os.chmod(path, 0o700)
-    return path
-
-
-def private_folder_or_temp(preferred: str | Path, prefix: str) -> Path:
-    """``preferred`` made private, or (when it cannot be) a fresh private temporary folder."""
-    try:
-        return private_folder(preferred)
-    except OSError as e:
-        folder = Path(tempfile.mkdtemp(prefix=prefix))  # 0700, a random name
-        log.warning("%s; using %s instead", e, folder)
-        return folder
-
-
+# ---- private files (private folders: training/fsio.py) -------------------------------------------
 def write_private(path: Path, data: bytes) -> Path:
     """``data`` at ``path`` through a temporary opened with O_NOFOLLOW | O_EXCL (no link followed or
     reused) and renamed over ``path`` (a link there is replaced, not followed)."""

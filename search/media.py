@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 
 from search.errors import BadRequest, Busy, NotFound, Unsupported, UnsupportedMediaType, redact_paths
-from search.files import is_own_file, private_folder_or_temp, sniff_image_type, write_private
+from search.files import is_own_file, sniff_image_type, write_private
 from search.registry import ModelEntry
 from training.data.images import ImageError, load_image
 from training.env import default_cache_dir, environment
+from training.fsio import private_folder_or_temp
 
 ACCEPTED = "JPEG, PNG, WebP, BMP, GIF, TIFF"
 _BIG_DECODE = 4_000_000  # pixels: after a decode this large, give the freed memory back
@@ -91,7 +92,7 @@ class Thumbnails:
 
     def private_folder(self) -> Path:
         """The folder thumbnail files go to: ``folder`` once checked private (created 0700), or a
-        private temporary folder when it cannot be (search/files.py)."""
+        private temporary folder when it cannot be (training/fsio.py)."""
         with self._lock:
             if self._checked is None or self._checked[0] != self.folder:
                 self._checked = (self.folder, private_folder_or_temp(self.folder, "ltd-ui-thumbs-"))

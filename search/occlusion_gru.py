@@ -10,7 +10,7 @@ tokens s−1…0 starting from its backward state at e. Pooling adds the shared 
 GRU is three quarters of the encoder's time on a CPU (the projection head the rest).
 
 Only for what it is exact for: a one-layer bidirectional ``GRUTextEncoder``, captions within its
-``max_len`` whose words split into the tokenizer's tokens (``search.explain.split_words`` words are
+``max_len`` whose words split into the tokenizer's tokens (``search.attribution.split_words`` words are
 runs of word characters; the tokenizer's are runs of [a-z0-9] inside them). Anything else (a
 truncated caption, a variant left with no token) goes through the plain encoder. Checked against
 encoding every variant as text in tests/test_word_usage.py.
@@ -24,12 +24,14 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from search.explain import WordSpan, without
+from search.attribution import WordSpan, without
 from training.data.karpathy import tokenize
 from training.models.text_encoder import GRUTextEncoder
 
 
 def supports(text_encoder: nn.Module) -> bool:
+    """True when ``text_encoder`` is a one-layer bidirectional GRU encoder with mean or max pooling, the
+    kind whose one-word-removed variants this module encodes exactly from shared states."""
     gru = getattr(text_encoder, "gru", None)
     return (type(text_encoder) is GRUTextEncoder and isinstance(gru, nn.GRU) and gru.num_layers == 1
             and gru.bidirectional and gru.batch_first and text_encoder.pool in ("mean", "max"))

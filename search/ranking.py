@@ -14,7 +14,10 @@ import numpy as np
 
 from indexer.index import Modality
 from indexer.metrics import query_metrics
+from search import paging
+from search.paging import Page
 from search.results import CompareResult, CutoffMetrics, Direction, Hit, QueryInfo, QueryMetrics, SearchResult
+from search.sharded import missing_shards
 
 
 @dataclass
@@ -31,14 +34,16 @@ def gt_metrics(gt: list[int], rel_row: np.ndarray | None, k: int,
                scores_all: np.ndarray) -> tuple[QueryMetrics, CutoffMetrics]:
     """Rank of the first ground-truth item, P@k and nDCG@k at the requested k, and P@5 / nDCG@25 at the
     report's fixed cut-offs. nDCG uses the graded relevance when given, binary ground truth otherwise
-    (``ndcg_relevance`` says which)."""
-    n = len(scores_all)
+    (``ndcg_relevance`` says which). Rows scored −inf are no candidates (removed, or outside a filter):
+    they count in no cut-off and carry no relevance."""
+    candidate = np.isfinite(scores_all)
+    n = int(candidate.sum())
     pos = [np.asarray(gt, dtype=np.int64)]
     if rel_row is None:
-        rel, kind = np.zeros(n, dtype=np.float32), "binary"
+        rel, kind = np.zeros(len(scores_all), dtype=np.float32), "binary"
         rel[pos[0]] = 1.0
     else:
-        rel, kind = rel_row, "rougeL"
+        rel, kind = np.where(candidate, rel_row, 0.0).astype(np.float32), "rougeL"
     kk, p5, n25 = min(k, n), min(5, n), min(25, n)
 
     def run(p_at: int, ndcg_k: int) -> dict:
@@ -53,24 +58,62 @@ def gt_metrics(gt: list[int], rel_row: np.ndarray | None, k: int,
 
 
 def rank(model: str, side: Modality, query: Query, k: int, hit_fields, *, direction: Direction,
-         t0: float) -> SearchResult:
-    """Top-k rows of ``side`` for ``query``; ``hit_fields(row)`` gives each hit's descriptive fields."""
-    scores, ids = side.index.search(query.vector[None, :], k)
+         t0: float, allowed: np.ndarray | None = None, page: Page | None = None, key: str = "",
+         generation: int = 0) -> SearchResult:
+    """Top-k rows of ``side`` for ``query``; ``hit_fields(row)`` gives each hit's descriptive fields.
+    ``allowed``: a mask over the side's rows (a filter), only those are ranked; ``page``: the page to
+    continue after (search/paging.py), ``key`` names the ranking in the next page's cursor."""
+    depth = (page.offset if page else 0) + k
+    ids = side.meta["ids"]
+    want = depth + 1  # one more than needed: is there a next page?
+    with missing_shards() as missing:  # a sharded index's shards that gave no answer (search/sharded.py)
+        got, pairs = _ranked(side, query, k, want, allowed, ids, page)
+    row_of = {int(ids[r]): r for _, r in got}
     gt = query.ground_truth
     gt_set = set(gt) if gt is not None else None
     rel = query.relevance
-    hits = [Hit(rank=r + 1, id=int(side.meta["ids"][p]), score=float(scores[0][r]),
-                ground_truth=(p in gt_set) if gt_set is not None else None,
-                relevance=None if rel is None else float(rel[p]), **hit_fields(p))
-            for r, p in enumerate(int(i) for i in ids[0] if i >= 0)]
+    if rel is not None and len(rel) < len(ids):  # rows added since `ltd eval` cached the relevance: none known
+        rel = np.concatenate([rel, np.zeros(len(ids) - len(rel), np.float32)])
+    start = page.offset if page else 0
+    hits = [Hit(rank=start + n + 1, id=i, score=sc, ground_truth=(row_of[i] in gt_set) if gt_set is not None else None,
+                relevance=None if rel is None else float(rel[row_of[i]]), **hit_fields(row_of[i]))
+            for n, (sc, i) in enumerate(pairs[:k])]
+    cursor = None
+    if len(pairs) > k and hits and start + 2 * k <= paging.MAX_DEPTH:
+        cursor = paging.encode(paging.Page(start + len(hits), hits[-1].score, hits[-1].id, generation, key))
     metrics = cutoffs = None
     if gt:
-        metrics, cutoffs = gt_metrics(gt, rel, k, np.asarray(side.vectors) @ query.vector)
-    gt_ids = [int(side.meta["ids"][g]) for g in gt] if gt else None
+        scores_all = side.vectors.scores(query.vector) if hasattr(side.vectors, "scores") else \
+            np.asarray(side.vectors) @ query.vector
+        dead = getattr(side.index, "dead", None)
+        if dead is not None and dead.any():
+            scores_all = np.where(dead, -np.inf, scores_all)  # removed items rank nowhere
+        inside = gt
+        if allowed is not None:  # a filter: the metrics of the ranking shown, among the items it keeps
+            keep = np.asarray(allowed, bool)
+            scores_all = np.where(keep, scores_all, -np.inf)
+            inside = [g for g in gt if keep[g]]
+        if inside:  # none when every ground-truth item lies outside the filter
+            metrics, cutoffs = gt_metrics(inside, rel, k, scores_all)
+    gt_ids = [int(ids[g]) for g in gt] if gt else None
     return SearchResult(model, direction, query.info, hits, gt_ids, metrics, cutoffs,
-                        (time.perf_counter() - t0) * 1000)
+                        (time.perf_counter() - t0) * 1000, next_cursor=cursor, generation=generation,
+                        partial=bool(missing), missing_shards=sorted(missing) or None)
+
+
+def _ranked(side: Modality, query: Query, k: int, want: int, allowed, ids, page: Page | None) -> tuple[list, list]:
+    """(scored rows, (score, id) pairs after ``page``), searched deeper while items added above the cursor
+    since push the page's hits down."""
+    while True:
+        scores, rows = side.index.search(query.vector[None, :], want, allowed)
+        got = [(float(sc), int(r)) for sc, r in zip(scores[0], rows[0]) if r >= 0]
+        pairs = paging.after([(sc, int(ids[r])) for sc, r in got], page)
+        if len(pairs) > k or len(got) < want or want >= paging.MAX_DEPTH + 1:
+            return got, pairs
+        want = min(2 * want, paging.MAX_DEPTH + 1)  # items added above the cursor since: look deeper
 
 
 def compare_results(direction: Direction, k: int, results: list[SearchResult]) -> CompareResult:
+    """Two models' results for one query as a ``CompareResult``: the ids both ranked in the top k."""
     a, b = ({h.id for h in r.hits} for r in results)
     return CompareResult(direction, k, results, sorted(a & b))

@@ -1,4 +1,5 @@
-"""Named models: each an index directory and the checkpoint that built it, loaded and checked once.
+"""Named models: each an index directory and the checkpoint that built it, loaded and checked once,
+then kept current while they serve.
 
 Loading a model: read the manifest, find the checkpoint (an override, else the path stored relative
 to the index, else the absolute one), check its sha256 against the manifest *before* reading it,
@@ -6,14 +7,20 @@ verify the index files (sizes and counts, sha256 by default), then rebuild the m
 fails is recorded in ``failed`` with the reason and the others are served; when none loads,
 ``load_error`` says why. Loading can run in a background thread (``start_loading``) so a server
 answers health checks meanwhile.
+
+Every index is served as a living index (search/live.py): ``get`` hands out the model bound to the
+index's current snapshot, which a request uses to the end. ``refresh`` (a watcher thread calls it
+every second, a write route and ``POST …/reload`` call it at once) applies what another process wrote
+to the item store, and loads a new generation (a compaction, ``ltd index --append``, a rebuild) in the
+background and swaps it in whole, reusing the loaded model when the checkpoint is the same.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +28,7 @@ import torch
 
 from indexer.build import load_model
 from indexer.evaluate import load_report
+from indexer.image_roots import allowed_roots
 from indexer.index import (
     IndexDir,
     IndexDirError,
@@ -29,8 +37,12 @@ from indexer.index import (
     relative_to_index,
     resolve_checkpoint,
 )
+from indexer.shards_index import is_sharded
 from search.errors import NotFound, NotReady, redact_paths
+from search.filters import MetadataTable
+from search.live import LiveIndex
 from search.results import ServiceHealth
+from search.sharded import LocalShards, load_sharded, shard_engine_of
 from training.errors import Unavailable, UserValueError
 from training.fsio import sha256_file
 from training.models.dual_encoder import DualEncoder
@@ -49,12 +61,22 @@ class ModelEntry:
     sha256: str
     report: dict | None
     run_dir: Path | None  # the training run's folder, when its metrics.jsonl sits next to the checkpoint
-    image_pos: dict[int, int] = field(default_factory=dict)  # image id → row
-    caption_pos: dict[int, int] = field(default_factory=dict)  # caption id → row
+    image_pos: Mapping[int, int] = field(default_factory=dict)  # image id → row (removed ids absent)
+    caption_pos: Mapping[int, int] = field(default_factory=dict)  # caption id → row
     _relevance: np.ndarray | None = None
+    live: LiveIndex | None = None  # the index kept current (None only for an entry built by hand)
+    table: MetadataTable | None = None  # metadata of every image row of ``index`` (filters)
+    caption_image: np.ndarray | None = None  # caption row → image row (−1: none)
+    seq: int = 0  # the last item-store write ``index`` holds
+
+    @property
+    def generation(self) -> int:
+        """The index generation this entry serves (it changes when a compaction commits a new one)."""
+        return self.index.generation
 
     @property
     def has_ground_truth(self) -> bool:
+        """The index is a dataset split with caption ↔ image links (queries on its items have ground truth)."""
         return self.index.has_ground_truth
 
     def relevance(self) -> np.ndarray | None:
@@ -66,12 +88,14 @@ class ModelEntry:
         return self._relevance
 
     def caption_row(self, caption_id: int) -> int:
+        """The row of dataset caption ``caption_id`` in this model's index; NotFound when it has none."""
         pos = self.caption_pos.get(int(caption_id))
         if pos is None:
             raise NotFound(f"caption id {caption_id} is not in model {self.name}'s index")
         return pos
 
     def image_row(self, image_id: int) -> int:
+        """The row of dataset image ``image_id`` in this model's index; NotFound when it has none."""
         pos = self.image_pos.get(int(image_id))
         if pos is None:
             raise NotFound(f"image id {image_id} is not in model {self.name}'s index")
@@ -89,7 +113,17 @@ def warm_up(backbone, device: str | torch.device = "cpu") -> None:
 
 
 def load_entry(name: str, path: Path, *, checkpoint: Path | None = None, device: str = "cpu",
-               verify: str = "hash") -> ModelEntry:
+               verify: str = "hash", images_roots: tuple[str, ...] = (), writable: bool = False,
+               model: DualEncoder | None = None, shards=None) -> ModelEntry:
+    """Load one model: the index directory ``path`` (verified against its manifest: ``verify`` = hash
+    or counts), then the checkpoint that built it (``checkpoint`` when it moved), checked by sha256
+    before it is unpickled (``weights_only``), in eval mode on ``device`` — or ``model``, the already
+    loaded model of this checkpoint (a reload of the same index). Image files are served only from the
+    manifest's folders that ``images_roots`` (or, without it, the record ``ltd index`` made) allows; the
+    index is served living (search/live.py), its item store created when ``writable``. A sharded index's
+    shards are searched by the engine ``shards`` (search/sharded.py; default in this process). IndexDirError for
+    an index or checkpoint that does not match; the checkpoint loader's errors otherwise. Seconds: call
+    it off the event loop (the registry's loading thread does)."""
     manifest = read_manifest(path)
     ckpt = resolve_checkpoint(path, manifest, checkpoint)
     sha = sha256_file(ckpt)
@@ -97,30 +131,64 @@ def load_entry(name: str, path: Path, *, checkpoint: Path | None = None, device:
         raise IndexDirError(f"{ckpt} is not the checkpoint that built {path} (sha256 {sha[:12]}…, the manifest "
                             f"says {str(manifest.get('checkpoint_sha256'))[:12]}…); rebuild the index with "
                             "`ltd index` or serve it with the checkpoint that built it")
-    ix = load_index_dir(path, checkpoint_sha256=sha, verify=verify, mmap=True)  # IVF lists mapped, not read
-    lm = load_model(ckpt, device)
-    lm.model.eval()  # once: encoding calls the submodules directly, from many threads
-    if lm.model.image.backbone is not None:
-        warm_up(lm.model.image.backbone, device)
+    if is_sharded(manifest):
+        ix = load_sharded(path, engine=shards or LocalShards, checkpoint_sha256=sha, verify=verify)
+    else:
+        ix = load_index_dir(path, checkpoint_sha256=sha, verify=verify, mmap=True)  # IVF lists mapped, not read
+    ix.confine(allowed_roots(path, ix.image_roots, images_roots))  # not wider than the operator allowed
+    if model is None:
+        lm = load_model(ckpt, device)
+        model = lm.model
+        model.eval()  # once: encoding calls the submodules directly, from many threads
+        if model.image.backbone is not None:
+            warm_up(model.image.backbone, device)
     run_dir = ckpt.parent if (ckpt.parent / "metrics.jsonl").is_file() else None
-    return ModelEntry(name=name, index=ix, model=lm.model, checkpoint=ckpt, sha256=sha,
-                      report=load_report(path, ix.generation), run_dir=run_dir,
-                      image_pos={int(i): k for k, i in enumerate(ix.images.ids)},
-                      caption_pos={int(i): k for k, i in enumerate(ix.captions.ids)})
+    live = LiveIndex.open(ix, writable=writable)
+    return bind(ModelEntry(name=name, index=ix, model=model, checkpoint=ckpt, sha256=sha,
+                           report=load_report(path, ix.generation), run_dir=run_dir, live=live))
+
+
+def bind(entry: ModelEntry) -> ModelEntry:
+    """``entry`` bound to its living index's current snapshot (made once per snapshot)."""
+    live = entry.live
+    if live is None:
+        return entry
+    snap = live.current
+    cached = getattr(live, "bound", None)
+    if cached is not None and cached[0] is snap:
+        return cached[1]
+    bound = replace(entry, index=snap.index, image_pos=snap.image_pos, caption_pos=snap.caption_pos,
+                    table=snap.table, caption_image=snap.caption_image, seq=snap.seq)
+    live.bound = (snap, bound)
+    return bound
+
+
+def _manifest_stamp(path: Path) -> tuple:
+    try:
+        st = (Path(path) / "manifest.json").stat()
+        return st.st_ino, st.st_mtime_ns, st.st_size
+    except OSError:
+        return ()
 
 
 class ModelRegistry:
     """The served models by name; ``on_loaded(entry)`` runs once per model after it loads."""
 
     def __init__(self, models: dict[str, str | Path], *, checkpoints: dict[str, str | Path] | None = None,
-                 device: str = "cpu", verify: str = "hash", on_loaded: Callable[[ModelEntry], None] | None = None):
+                 device: str = "cpu", verify: str = "hash", on_loaded: Callable[[ModelEntry], None] | None = None,
+                 images_roots: tuple[str, ...] = (), writable: bool = False):
         if not models:
             raise UserValueError("no models given: pass at least one NAME=INDEX_DIR")
         self.specs = {n: Path(p) for n, p in models.items()}
         self.checkpoints = {n: Path(p) for n, p in (checkpoints or {}).items()}
         self.device, self.verify, self.on_loaded = device, verify, on_loaded
+        self.images_roots = tuple(images_roots)  # the operator's --images-root folders (none: the record)
+        self.writable = writable  # item stores are created, and writes allowed (`ltd serve --writable`)
+        self.shard_engine = None  # what searches sharded indexes' shards (None: this process; `--engine ray`)
         self._first: list[Callable[[], None]] = []  # see load_with_models
-        self.entries: dict[str, ModelEntry] = {}
+        self._entries: dict[str, ModelEntry] = {}  # as loaded; ``entries`` binds them to their snapshots
+        self._stamps: dict[str, tuple] = {}  # name → the manifest file's (inode, mtime, size) when loaded
+        self._reloading: set[str] = set()
         self.failed: dict[str, str] = {}  # name → why it could not be loaded
         self.ready = threading.Event()  # set when loading has finished (every model loaded or failed)
         self.load_error: str | None = None  # set when no model could be loaded
@@ -130,6 +198,7 @@ class ModelRegistry:
 
     @property
     def names(self) -> list[str]:
+        """The configured model names, loaded or not, in the order given."""
         return list(self.specs)
 
     def load(self) -> None:
@@ -156,19 +225,86 @@ class ModelRegistry:
             load()
         for name, path in self.specs.items():
             try:
-                entry = load_entry(name, path, checkpoint=self.checkpoints.get(name), device=self.device,
-                                   verify=self.verify)
+                stamp = _manifest_stamp(path)
+                entry = self._load_one(name)
                 if self.on_loaded is not None:
                     self.on_loaded(entry)
-                self.entries[name] = entry
+                self._entries[name], self._stamps[name] = entry, stamp
                 log.info("model %s ready: %s", name, path)
             except Exception as e:  # one broken model must not take the others down
                 self.failed[name] = str(e) if isinstance(e, (ValueError, OSError)) else f"{type(e).__name__}: {e}"
                 log.error("model %s cannot be served: %s", name, self.failed[name])
-        if not self.entries:
+        if not self._entries:
             self.load_error = "no model could be loaded: " + "; ".join(f"{n}: {r}" for n, r in self.failed.items())
         self.loaded_at = time.time()
         self.ready.set()
+
+    def _load_one(self, name: str, model: DualEncoder | None = None) -> ModelEntry:
+        return load_entry(name, self.specs[name], checkpoint=self.checkpoints.get(name), device=self.device,
+                          verify=self.verify, images_roots=self.images_roots, writable=self.writable, model=model,
+                          shards=self.shard_engine)
+
+    @property
+    def entries(self) -> dict[str, ModelEntry]:
+        """The loaded models, each bound to its index's current snapshot."""
+        return {n: bind(e) for n, e in list(self._entries.items())}
+
+    # ---- keeping the indexes current -------------------------------------------------------------
+    def refresh(self, name: str, *, wait: bool = True) -> bool:
+        """Apply another process's writes to ``name``'s item store, and load a new generation of its
+        index when its manifest changed (in this thread when ``wait``, else in the background); True
+        when something changed. A generation that cannot be loaded keeps the old one serving (logged)."""
+        entry = self._entries.get(name)
+        if entry is None:
+            return False
+        changed = entry.live.refresh() if entry.live is not None else False
+        if _manifest_stamp(self.specs[name]) == self._stamps.get(name) or name in self._reloading:
+            return changed
+        if not wait:
+            threading.Thread(target=self._reload, args=(name,), name=f"ltd-reload-{name}", daemon=True).start()
+            return changed
+        return self._reload(name) or changed
+
+    def _reload(self, name: str) -> bool:
+        with self._lock:
+            if name in self._reloading:
+                return False
+            self._reloading.add(name)
+        try:
+            old, stamp = self._entries[name], _manifest_stamp(self.specs[name])
+            if old.live is not None and read_manifest(self.specs[name]).get("generation") == old.generation:
+                self._stamps[name] = stamp  # touched, not changed
+                return False
+            same = read_manifest(self.specs[name]).get("checkpoint_sha256") == old.sha256
+            new = self._load_one(name, model=old.model if same else None)
+            if not same and self.on_loaded is not None:
+                self.on_loaded(new)
+            self._entries[name], self._stamps[name] = new, stamp  # one assignment: requests see old or new
+            log.info("model %s: generation %d swapped in", name, new.generation)
+            return True
+        except Exception as e:  # noqa: BLE001 - a half-written or broken rebuild must not take the model down
+            log.error("model %s: the index changed but cannot be loaded (still serving the old one): %s", name,
+                      redact_paths(str(e)))
+            return False
+        finally:
+            self._reloading.discard(name)
+
+    def watch(self, interval: float = 1.0) -> threading.Thread:
+        """A daemon thread that refreshes every model every ``interval`` seconds (new generations load in
+        the background)."""
+        def loop() -> None:
+            self.ready.wait()
+            while True:
+                time.sleep(interval)
+                for name in list(self._entries):
+                    try:
+                        self.refresh(name, wait=False)
+                    except Exception as e:  # noqa: BLE001 - never let the watcher die
+                        log.warning("model %s: refresh failed: %s", name, redact_paths(str(e)))
+
+        thread = threading.Thread(target=loop, name="ltd-index-watcher", daemon=True)
+        thread.start()
+        return thread
 
     def start_loading(self) -> threading.Thread:
         """Load in a background thread; ``ready`` is set when it is done."""
@@ -190,12 +326,22 @@ class ModelRegistry:
             return "loading"
         if self.load_error is not None:
             return "error"
-        return "degraded" if self.failed else "ok"
+        return "degraded" if self.failed or self.shards_down() else "ok"
+
+    def shards_down(self) -> dict[str, list[int]]:
+        """Each sharded model's shards that have no live replica now (none for the others)."""
+        out = {}
+        for name, entry in list(self._entries.items()):
+            engine = shard_engine_of(entry.index)
+            down = engine.down() if engine is not None else []
+            if down:
+                out[name] = sorted(down)
+        return out
 
     @property
     def default_name(self) -> str:
         """The first model that serves (the first one given while loading)."""
-        return next((n for n in self.names if n in self.entries), self.names[0])
+        return next((n for n in self.names if n in self._entries), self.names[0])
 
     @property
     def default_name_with_ground_truth(self) -> str:
@@ -204,20 +350,27 @@ class ModelRegistry:
 
     def health(self) -> ServiceHealth:
         """The loading state as clients see it: the reasons name files, never the server's folders."""
-        return ServiceHealth(status=self.status, models=self.names, loaded=[n for n in self.names if n in self.entries],
+        return ServiceHealth(status=self.status, models=self.names, loaded=[n for n in self.names if n in self._entries],
                              down={n: redact_paths(why) for n, why in self.failed.items()},
-                             detail=self.load_error and redact_paths(self.load_error), loaded_at=self.loaded_at)
+                             detail=self.load_error and redact_paths(self.load_error), loaded_at=self.loaded_at,
+                             shards_down=self.shards_down())
 
     def get(self, name: str | None) -> ModelEntry:
+        """The loaded model ``name`` (None: the default model). NotFound for a name that is not configured
+        (with the valid names), NotReady while loading or for a model that failed (with the reason, paths
+        redacted). Thread-safe."""
         if name is None:
             name = self.default_name
         if name not in self.specs:
             raise NotFound(f"unknown model {name!r}; valid models: {', '.join(self.names)}", valid_models=self.names)
         if name in self.failed:
             raise NotReady(f"model {name} is down: {redact_paths(self.failed[name])}")
-        if name not in self.entries:
+        entry = self._entries.get(name)
+        if entry is None:
             raise NotReady("models are still loading")
-        return self.entries[name]
+        if entry.live is not None and entry.live.store is not None:
+            entry.live.refresh()  # another process's (another worker's) writes: read-your-writes everywhere
+        return bind(entry)
 
 
 def public_manifest(index_path: Path, manifest: dict) -> dict:

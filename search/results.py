@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Direction = Literal["t2i", "i2t"]
+# t2i: text → images, i2t: image → captions, i2i: image → images ("more like this"), t2t: text → captions;
+# a raw embedding as the query searches either side (v2i, v2t).
+Direction = Literal["t2i", "i2t", "i2i", "t2t", "v2i", "v2t"]
 
 
 # ---- search ------------------------------------------------------------------------------------------
@@ -28,6 +30,7 @@ class QueryInfo:
     image_id: int | None = None
     filename: str | None = None
     upload: bool = False
+    vector: bool = False  # a raw embedding was the query
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,9 @@ class Hit:
 
 @dataclass(frozen=True, slots=True)
 class SearchResult:
+    """One ranking: the query, its hits, and the ground truth and per-query metrics when the query is a
+    dataset item."""
+
     model: str
     direction: Direction
     query: QueryInfo
@@ -78,6 +84,10 @@ class SearchResult:
     metrics: QueryMetrics | None
     cutoffs: CutoffMetrics | None
     took_ms: float  # encode + search inside the service
+    next_cursor: str | None = None  # the next page of the same ranking (search/paging.py), when there is one
+    generation: int = 0  # the index generation the answer was ranked on
+    partial: bool = False  # some shards of a sharded index gave no answer: the hits are the others' best
+    missing_shards: list[int] | None = None  # which (when ``partial``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +101,12 @@ class CompareResult:
 
     @property
     def overlap(self) -> int:
+        """How many items both models ranked in the top k."""
         return len(self.overlap_ids)
 
     @property
     def jaccard(self) -> float:
+        """Overlap / items ranked by either model (0.0 when neither ranked any)."""
         union = len({h.id for r in self.results for h in r.hits})
         return self.overlap / union if union else 0.0
 
@@ -106,21 +118,25 @@ class ModelInfo:
     ``manifest`` has no path of the server's file system (``registry.public_manifest``)."""
 
     name: str
-    dataset: str | None
-    split: str | None
-    counts: dict[str, int] | None
-    dim: int | None
-    factory: str | None
-    ground_truth: bool  # a dataset split with caption ↔ image links (queries have ground truth)
-    image_search: bool  # uploads can be encoded (the model has an image backbone)
-    model: dict[str, Any] | None
-    caption_corpora: bool  # its text side saw Flickr30k/COCO captions (numbers marked ᴹ)
-    eval: dict[str, Any] | None
-    manifest: dict[str, Any]
+    dataset: str | None = None
+    split: str | None = None
+    counts: dict[str, int] | None = None
+    dim: int | None = None
+    factory: str | None = None
+    ground_truth: bool = False  # a dataset split with caption ↔ image links (queries have ground truth)
+    image_search: bool = False  # uploads can be encoded (the model has an image backbone)
+    model: dict[str, Any] | None = None
+    caption_corpora: bool = False  # its text side saw Flickr30k/COCO captions (numbers marked ᴹ)
+    eval: dict[str, Any] | None = None
+    manifest: dict[str, Any] | None = None
+    status: str = "ok"  # "ok", or "down" (it could not be loaded: ``detail`` says why, the rest is empty)
+    detail: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class DatasetCaption:
+    """A caption of a served index (a dataset caption, or a corpus caption without an image)."""
+
     id: int
     text: str
     image_id: int | None  # the image it describes (None in a corpus without links)
@@ -136,6 +152,7 @@ class ServiceHealth:
     down: dict[str, str]  # name → why it could not be loaded (paths redacted)
     detail: str | None  # why none could be loaded (paths redacted)
     loaded_at: float | None  # Unix time when loading finished
+    shards_down: dict[str, list[int]] = field(default_factory=dict)  # model → its shards with no live replica
 
 
 # ---- captions ----------------------------------------------------------------------------------------
@@ -153,6 +170,8 @@ class CaptionerInfo:
 
 @dataclass(frozen=True, slots=True)
 class CaptionersStatus:
+    """The captioners that serve (name → training summary) and those that could not load (name → why)."""
+
     ready: dict[str, CaptionerInfo]
     down: dict[str, str]  # name → why (paths redacted)
 
@@ -172,6 +191,8 @@ class ImageRank:
 
 @dataclass(frozen=True, slots=True)
 class GeneratedCaption:
+    """One captioner's caption of an image, its CIDEr-D, and the image's rank for it under each model."""
+
     captioner: str
     caption: str
     cider: float | None  # CIDEr-D against the image's references (dataset images only)
@@ -182,6 +203,8 @@ class GeneratedCaption:
 
 @dataclass(frozen=True, slots=True)
 class CaptionResult:
+    """Every asked captioner's caption of one image, with the image's own references when it has them."""
+
     image_id: int | None  # None for an upload
     references: list[str] | None  # the dataset image's own captions
     captions: list[GeneratedCaption]
@@ -189,6 +212,8 @@ class CaptionResult:
 
 @dataclass(frozen=True, slots=True)
 class CaptionCheck:
+    """How well a caption written by a person finds an image under each retrieval model."""
+
     caption: str  # as encoded (whitespace collapsed)
     image_id: int | None
     cider: float | None

@@ -1,12 +1,12 @@
 """Which words a model uses, over a whole split: every caption's word attributions for its own image.
 
-``occlude_split`` removes each word of each caption in turn (``search.explain``'s occlusion) and
+``occlude_split`` removes each word of each caption in turn (``search.attribution``'s occlusion) and
 records how the caption's score for its image and the image's rank move. It is built for a whole
 split on a small CPU: the variants of hundreds of captions are encoded in one call (for a GRU
 caption encoder sharing the recurrent states the variants have in common with their caption,
 search/occlusion_gru.py), the full captions' embeddings are the index's own vectors (not encoded
 again), and ranks come from counting the images that score at least as high
-(``search.explain.ranks_of``), never from sorting. One table per index, cached next to it
+(``search.attribution.ranks_of``), never from sorting. One table per index, cached next to it
 (search/derived.py).
 
 ``compare_usage`` joins two models' tables on the same (caption, word) occurrences and aggregates
@@ -20,18 +20,19 @@ uncertainty, not a ranking of noise.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from indexer.caption_texts import model_texts
 from indexer.disagreement import check_comparable
 from indexer.index import IndexDir
+from search.analysis import plain_ids
+from search.attribution import WordSpan, inner, occlusion_variants, ranks_of, without
 from search.derived import cached_arrays
 from search.errors import BadRequest
-from search.explain import WordSpan, inner, occlusion_variants, ranks_of, without
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def text_variants(encode: Callable[[list[str]], np.ndarray]) -> VariantEncoder:
 def _captions(ix: IndexDir) -> list[tuple[int, str, list[WordSpan]]]:
     """(row, text, words) of every caption of the split that has an image and two or more words."""
     meta = ix.captions.meta
-    texts = meta.get("model_texts") or meta["texts"]
+    texts = model_texts(meta)
     out = []
     for row, (text, img) in enumerate(zip(texts, meta["image"])):
         if img is None or img < 0:
@@ -116,6 +117,8 @@ def occlusion_table(ix: IndexDir, encode: VariantEncoder, *, show_progress: bool
 # ---- two models ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WordExample:
+    """One occurrence of a word where the two models differ most: the caption and both rank changes."""
+
     caption_id: int
     text: str
     a_delta_rank: int
@@ -155,6 +158,8 @@ class WordStat:
 
 @dataclass(frozen=True)
 class WordUsage:
+    """The words two models use differently over one split, with the counts behind the table."""
+
     a: str
     b: str
     captions: int  # captions with two or more words
@@ -168,6 +173,7 @@ class WordUsage:
         return sorted((w for w in self.words if w.gap > 0), key=lambda w: (-(w.gap - w.gap_ci), w.word))[:n]
 
     def a_uses(self, n: int = 20) -> list[WordStat]:
+        """Words a uses and b ignores, the surest first: by the upper end of the gap's interval."""
         return sorted((w for w in self.words if w.gap < 0), key=lambda w: (w.gap + w.gap_ci, w.word))[:n]
 
 
@@ -204,10 +210,14 @@ def _examples(k: np.ndarray, lean: np.ndarray, rows: np.ndarray, n: int) -> list
 
 
 def compare_usage(a: IndexDir, b: IndexDir, ta: dict, tb: dict, *, names: tuple[str, str] = ("a", "b"),
-                  min_count: int = 5, examples: int = 3) -> WordUsage:
-    """Per word form, a's and b's use of it over the occurrences both tables have."""
-    check_comparable(a, b)
+                  min_count: int = 5, examples: int = 3, keep: np.ndarray | None = None) -> WordUsage:
+    """Per word form, a's and b's use of it over the occurrences both tables have (only those of the
+    caption rows ``keep`` marks, when given)."""
+    check_comparable(plain_ids(a), plain_ids(b))
     ia, ib = _join(ta, tb)
+    if keep is not None:
+        kept = np.asarray(keep, bool)[np.asarray(ta["caption_row"], np.int64)[ia]]
+        ia, ib = ia[kept], ib[kept]
     words, rows = ta["word"][ia], ta["caption_row"][ia]
     img = np.asarray(a.captions.meta["image"], dtype=np.int64)[rows]
     ra, rb = ta["delta_rank"][ia].astype(np.int64), tb["delta_rank"][ib].astype(np.int64)
@@ -265,11 +275,3 @@ def usage_markdown(u: WordUsage, top: int = 15) -> str:
     return "\n".join([head, "", *table(f"Words {u.b} uses and {u.a} ignores", u.b_uses(top)),
                       *table(f"Words {u.a} uses and {u.b} ignores", u.a_uses(top))])
 
-
-def timed_usage(a: IndexDir, b: IndexDir, encode_a, encode_b, *, names: tuple[str, str], min_count: int = 5,
-                show_progress: bool = False) -> tuple[WordUsage, float]:
-    """(usage, seconds): both tables (from the cache when there) and their comparison."""
-    t0 = time.perf_counter()
-    ta = occlusion_table(a, encode_a, show_progress=show_progress)
-    tb = occlusion_table(b, encode_b, show_progress=show_progress)
-    return compare_usage(a, b, ta, tb, names=names, min_count=min_count), time.perf_counter() - t0

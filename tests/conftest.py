@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from training.hf_env import set_hf_environment
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+set_hf_environment()
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 
@@ -64,6 +65,21 @@ def write_karpathy(root: Path, n_images: int = 6, *, name: str = "dataset_test.j
 
 
 @pytest.fixture
+def no_outside_network():
+    """Name resolution and connections to any host but loopback are refused and recorded (tests/netguard.py);
+    the test fails if anything was attempted. Yields the list of attempts."""
+    import netguard
+
+    seen: list[str] = []
+    undo = netguard.install(seen.append)
+    try:
+        yield seen
+    finally:
+        undo()
+    assert not seen, f"the code under test tried to reach outside hosts: {seen}"
+
+
+@pytest.fixture
 def small_dataset(tmp_path) -> Path:
     return write_karpathy(tmp_path, 8)
 
@@ -76,8 +92,48 @@ def flickr8k_json() -> Path | None:
     return p if p.is_file() else None
 
 
-requires_flickr8k = pytest.mark.skipif(flickr8k_json() is None,
-                                       reason="needs the Flickr8k dataset: set LTD_DATA_DIR (CI does)")
+requires_flickr8k = pytest.mark.realdata  # skipped when LTD_DATA_DIR holds no Flickr8k (below)
+
+# ---- test tiers -------------------------------------------------------------------------------------
+# `make check` runs `pytest -m "not slow"` (the fast tier, no training, browser or real data); `make test`
+# runs everything. The markers (pyproject.toml) are applied here where they follow from what a test uses,
+# so that none can be forgotten: a test that needs one of these session fixtures trains models.
+TRAINING_FIXTURES = {"tiny_index_pair", "pair_service", "tiny_captioner"}
+
+
+def _only_slow_tests(path: Path) -> bool:
+    """The module marks itself slow (``pytestmark``), or every test in it is marked slow or training: read
+    from its source, so that the fast tier does not import it (schemathesis, gradio, … take seconds)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    marks = lambda node: {ast.unparse(d) for d in getattr(node, "decorator_list", [])}  # noqa: E731
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets):
+            if "pytest.mark.slow" in ast.unparse(node.value) or "pytest.mark.training" in ast.unparse(node.value):
+                return True
+    tests = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test")]
+    return bool(tests) and all(marks(t) & {"pytest.mark.slow", "pytest.mark.training"} for t in tests)
+
+
+def pytest_ignore_collect(collection_path: Path, config):
+    """With ``-m "not slow"``, a module with nothing but slow tests is not even imported."""
+    if "not slow" in (config.getoption("markexpr") or "") and collection_path.suffix == ".py" \
+            and collection_path.name.startswith("test_") and _only_slow_tests(collection_path):
+        return True
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+def pytest_collection_modifyitems(config, items):
+    have_flickr8k = flickr8k_json() is not None
+    for item in items:
+        if TRAINING_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.training)
+        if any(item.get_closest_marker(m) for m in ("training", "browser", "realdata")):
+            item.add_marker(pytest.mark.slow)  # each of these implies slow
+        if item.get_closest_marker("realdata") and not have_flickr8k:
+            item.add_marker(pytest.mark.skip(reason="needs the Flickr8k dataset: set LTD_DATA_DIR (CI does)"))
 
 
 TINY = ["data.synthetic_images=60", "model.image_size=64", "model.embed_dim=64", "model.text_hidden=64",

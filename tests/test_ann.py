@@ -1,4 +1,4 @@
-"""Indexes past RAM: the automatic choice by corpus size, IVF-PQ re-ranked on the exact vectors,
+"""Indexes past RAM: the fixed choice by corpus size (`--factory fixed`), IVF-PQ re-ranked on the exact vectors,
 and index directories served with their IVF lists and exact vectors memory-mapped."""
 from __future__ import annotations
 
@@ -30,12 +30,13 @@ def test_auto_is_exact_for_small_corpora_and_ivfpq_for_large():
     assert choose_index(600_000, 1024).factory.endswith(",PQ128")  # COCO's captions at the presets' 1024-d
 
 
+@pytest.mark.slow
 def test_reranking_recovers_the_recall_that_pq_codes_lose(monkeypatch):
     base, q = _clustered(8000, 32, 0, clusters=50), _clustered(100, 32, 1, clusters=50)
-    monkeypatch.setattr(ann, "FLAT_MAX", 1000)  # make "auto" choose IVF-PQ at this test's size
+    monkeypatch.setattr(ann, "FLAT_MAX", 1000)  # make "fixed" choose IVF-PQ at this test's size
     plan = choose_index(len(base), 32)
     assert plan.factory == "IVF128,PQ4" and plan.nprobe == 8
-    reranked = build_vector_index(base, "auto")
+    reranked = build_vector_index(base, "fixed")
     plain = build_vector_index(base, plan.factory)
     plain.index.nprobe = reranked.nprobe
     r_plain = _recall(plain.search(q, 10)[1], base, q)
@@ -46,6 +47,7 @@ def test_reranking_recovers_the_recall_that_pq_codes_lose(monkeypatch):
     assert (np.diff(scores, axis=1) <= 1e-7).all()
 
 
+@pytest.mark.slow
 def test_ivfpq_index_dir_is_served_memory_mapped(tmp_path, monkeypatch):
     """Saved, reopened with mmap (the server's path), the index gives the same results as in memory,
     its IVF lists come from the file (OnDiskInvertedLists) and its exact vectors are a memmap."""
@@ -53,9 +55,9 @@ def test_ivfpq_index_dir_is_served_memory_mapped(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ann, "FLAT_MAX", 1000)
     img, cap = _clustered(5000, 32, 0), _clustered(300, 32, 1)
-    mods = (Modality(build_vector_index(img, "auto"), img, {"ids": list(range(5000))}),
-            Modality(build_vector_index(cap, "auto"), cap, {"ids": list(range(300))}))
-    save_index_dir(tmp_path / "ix", {"name": "x", "factory": "auto", "ground_truth": False}, *mods)
+    mods = (Modality(build_vector_index(img, "fixed"), img, {"ids": list(range(5000))}),
+            Modality(build_vector_index(cap, "fixed"), cap, {"ids": list(range(300))}))
+    save_index_dir(tmp_path / "ix", {"name": "x", "factory": "fixed", "ground_truth": False}, *mods)
     ix = load_index_dir(tmp_path / "ix", mmap=True, verify="counts")
     spec = ix.manifest["indexes"]
     assert spec["images"]["factory"].startswith("IVF") and spec["images"]["rerank"] == ann.RERANK
@@ -76,9 +78,9 @@ def test_append_reranks_the_new_rows_too(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ann, "FLAT_MAX", 1000)
     img = _clustered(4000, 32, 0)
-    mods = (Modality(build_vector_index(img, "auto"), img, {"ids": list(range(4000))}),
-            Modality(build_vector_index(img[:0], "auto"), img[:0], {"ids": []}))
-    save_index_dir(tmp_path / "ix", {"name": "x", "factory": "auto", "ground_truth": False}, *mods)
+    mods = (Modality(build_vector_index(img, "fixed"), img, {"ids": list(range(4000))}),
+            Modality(build_vector_index(img[:0], "fixed"), img[:0], {"ids": []}))
+    save_index_dir(tmp_path / "ix", {"name": "x", "factory": "fixed", "ground_truth": False}, *mods)
     new = _clustered(50, 32, 9)
     ix = append_to_index_dir(open_for_append(tmp_path / "ix"), (new, {"ids": list(range(4000, 4050))}), None)
     _, ids = ix.images.index.search(new[:5], 1)

@@ -1,4 +1,4 @@
-"""REST API (app/main.py, app/routers/): every endpoint, every limit, every kind of bad input.
+"""REST API (app/api/main.py, app/api/routers/): every endpoint, every limit, every kind of bad input.
 
 In-process with FastAPI's TestClient over the session's two tiny trained models (``bl``, ``ltd``).
 """
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import struct
 import threading
@@ -374,32 +375,49 @@ def test_unknown_routes_and_methods_are_json(client):
     assert client.get("/openapi.json").status_code == 200 and client.get("/docs").status_code == 200
 
 
+def _samples(text: str) -> set[tuple[str, frozenset]]:
+    """The exposition's sample lines as (name, labels), label order aside (every value must be a number)."""
+    out = set()
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            float(value)
+            name, _, labels = series.partition("{")
+            pairs = re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', labels)
+            out.add((name, frozenset(pairs)))
+    return out
+
+
 def test_metrics_exposition(client):
-    client.post("/api/search/text", json={"query": "metrics probe"})
-    client.get("/api/images/999999999")
-    client.get("/some/random/path/12345")
-    client.get("/openapi.json")
+    assert client.post("/api/search/text", json={"query": "metrics probe"}).status_code == 200
+    assert_error(client.get("/api/images/999999999"), 404)
+    assert_error(client.get("/some/random/path/12345"), 404)
+    assert client.get("/openapi.json").status_code == 200
     r = client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
-    text = r.text
-    assert 'ltd_http_requests_total{method="POST",route="/api/search/text",status="200"}' in text
-    assert 'ltd_http_requests_total{method="GET",route="/api/images/{image_id}",status="404"}' in text
+    text, samples = r.text, _samples(r.text)
+
+    def has(name: str, **labels) -> bool:
+        return (name, frozenset(labels.items())) in samples
+
+    assert has("ltd_http_requests_total", method="POST", route="/api/search/text", status="200")
+    assert has("ltd_http_requests_total", method="GET", route="/api/images/{image_id}", status="404")
     assert 'route="<unmatched>"' in text and "12345" not in text  # raw paths never become labels
-    assert 'ltd_http_requests_total{method="GET",route="/openapi.json",status="200"}' in text
-    assert 'ltd_http_request_duration_seconds_bucket{method="POST",route="/api/search/text",le="+Inf"}' in text
+    assert has("ltd_http_requests_total", method="GET", route="/openapi.json", status="200")
+    assert has("ltd_http_request_duration_seconds_bucket", method="POST", route="/api/search/text", le="+Inf")
     assert "ltd_http_request_duration_seconds_count" in text and "ltd_text_cache_hits_total" in text
     # the tiny models' GRU caption encoders run in torch; the metric says so per model
-    assert 'ltd_text_runtime_info{model="ltd",runtime="torch",precision="model\'s"} 1' in text
-    for line in text.splitlines():  # every sample line is "name{labels} number"
-        if line and not line.startswith("#"):
-            float(line.rsplit(" ", 1)[1])
+    assert has("ltd_text_runtime_info", model="ltd", runtime="torch", precision="model's")
 
 
 def test_server_keeps_serving_after_bad_requests(client, jpeg):
-    for _ in range(3):
-        client.post("/api/search/image", files={"file": ("f", b"\x89PNG\r\n\x1a\n garbage")})
-        client.post("/api/search/text", content=b"\x00" * 100, headers={"content-type": "application/json"})
-        client.post("/api/compare", json={"query": "x" * 5000, "models": ["bl", "ltd"]})
+    for _ in range(3):  # each bad request gets its own 4xx JSON answer, and the next request is served
+        r = client.post("/api/search/image", files={"file": ("f", b"\x89PNG\r\n\x1a\n garbage")})
+        assert r.status_code in (400, 415) and r.json()["error"], r.text
+        assert_error(client.post("/api/search/text", content=b"\x00" * 100, headers={"content-type": "application/json"}),
+                     422, "validation_error")
+        body = assert_error(client.post("/api/compare", json={"query": "x" * 5000, "models": ["bl", "ltd"]}), 422)
+        assert "1000" in body["detail"] or "1,000" in body["detail"], body
     assert client.get("/api/health").status_code == 200
     assert client.post("/api/search/text", json={"query": "still alive"}).status_code == 200
 

@@ -82,6 +82,7 @@ def test_image_bootstrap_matches_slow_reference(monkeypatch):
     assert got["rsum"]["delta"] == pytest.approx(obs_rs) and got["t2i_ndcg"]["delta"] == pytest.approx(obs_nd)
 
 
+@pytest.mark.slow
 def test_caption_level_resampling_is_too_narrow_when_an_images_captions_move_together():
     """The referee's case: a model change that helps or hurts *images* (all five captions of an image
     together, and its own image query). Resampling the 5,000 captions as independent draws pretends
@@ -175,3 +176,28 @@ def test_per_query_results_reproduce_the_report(tiny_index_pair):
     from indexer.evaluate import ground_truth
     c2i, mask = ground_truth(ix)
     np.testing.assert_array_equal(load_per_query(ix.path)["t2i_image"], c2i[mask])  # the image bootstrap's clusters
+
+
+def test_an_evaluation_record_without_its_index_still_bootstraps(tiny_index_pair, tmp_path):
+    """What docs/results/ keeps of a run (report.json and the per-query file, no index): the arrays of
+    the generation its report describes, and none when that generation's file is not there."""
+    import json
+    import shutil
+
+    from indexer.evaluate import evaluate_index, load_per_query, write_report
+    from indexer.index import load_index_dir
+
+    ix = load_index_dir(tiny_index_pair["bl"])
+    write_report(ix, evaluate_index(ix, show_progress=False, per_query=True))
+    record = tmp_path / "record"
+    record.mkdir()
+    for p in ix.path.glob("per_query.*.npz"):
+        shutil.copy(p, record / p.name)
+    shutil.copy(ix.path / "report.json", record / "report.json")
+    want = load_per_query(ix.path)
+    got = load_per_query(record)
+    assert set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
+    rep = json.loads((record / "report.json").read_text())
+    rep["meta"]["index_generation"] += 1  # a report of a generation whose arrays were not kept
+    (record / "report.json").write_text(json.dumps(rep))
+    assert load_per_query(record) is None

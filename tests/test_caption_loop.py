@@ -107,6 +107,8 @@ def _same_tensors(a: dict, b: dict) -> None:
         assert torch.equal(a[k], b[k]), k
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_xe_then_scst_is_the_simple_reference(data, tmp_path):
     cfg = load_caption_config(PRESET, TINY)
     res = train_captioner(cfg, tmp_path / "run", data=data, show_progress=False)
@@ -140,6 +142,8 @@ KILLED = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
+@pytest.mark.training
 @pytest.mark.parametrize("stage", ["xe", "scst"])
 def test_a_run_killed_mid_epoch_resumes_as_if_never_stopped(data, tmp_path, stage):
     """SIGKILL right after a mid-epoch checkpoint (XE, then SCST): the resumed run logs the same rows

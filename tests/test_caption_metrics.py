@@ -173,6 +173,7 @@ def test_meteor_without_java_is_skipped_with_a_reason(monkeypatch):
         cm.coco_scores(gts, res, meteor=True)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_JAVA, reason="METEOR needs java")
 def test_meteor_with_java_orders_identical_above_disjoint():
     gts = {0: ["a dog runs on the grass"], 1: ["two cats sleep on a red sofa"]}

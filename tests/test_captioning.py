@@ -192,6 +192,7 @@ def test_mean_of_others_baseline_by_hand():
         mean_of_others(r, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("baseline", ["greedy", "mean"])
 def test_scst_moves_a_toy_policy_to_the_best_sequence(baseline):
     """Per-position categorical policy over 3 words, 3 positions; reward = matches with the target

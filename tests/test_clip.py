@@ -53,6 +53,7 @@ def clip_reference(clip_dir, texts, paths):
     return (torch.nn.functional.normalize(i, dim=-1).numpy(), torch.nn.functional.normalize(t, dim=-1).numpy())
 
 
+@pytest.mark.slow
 def test_zero_shot_index_scores_what_clip_computes(clip_dir, zero_shot):
     from indexer.index import load_index_dir
 
@@ -66,6 +67,7 @@ def test_zero_shot_index_scores_what_clip_computes(clip_dir, zero_shot):
     assert ix.manifest["checkpoint_relative"] == "zero_shot.pt" and ix.manifest["model"]["embed_dim"] == 16
 
 
+@pytest.mark.slow
 def test_zero_shot_evaluates_and_is_rebuilt_only_when_the_clip_changes(clip_dir, zero_shot, scenes, tmp_path):
     from app.cli import main
 
@@ -185,6 +187,8 @@ def _metrics(run):
     return [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_fine_tuning_runs_the_recipe_and_moves_clip(fine_tuned, clip_dir, zero_shot):
     from training.checkpoint import load_checkpoint
 
@@ -205,6 +209,8 @@ def test_fine_tuning_runs_the_recipe_and_moves_clip(fine_tuned, clip_dir, zero_s
             assert ckpt["config"]["loss"]["contrastive"] == "ifm"
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_shortcuts_reach_the_fine_tuned_images(fine_tuned):
     from indexer.index import load_index_dir
 
@@ -214,6 +220,8 @@ def test_shortcuts_reach_the_fine_tuned_images(fine_tuned):
     assert not np.allclose(np.asarray(plain.images.vectors), np.asarray(marked.images.vectors), atol=1e-4)
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_a_clip_checkpoint_does_not_need_its_folder(fine_tuned, clip_dir, tmp_path, zero_shot):
     from training.checkpoint import model_from_checkpoint
 
@@ -229,6 +237,8 @@ def test_a_clip_checkpoint_does_not_need_its_folder(fine_tuned, clip_dir, tmp_pa
     assert torch.equal(before, after) and zs.logit_scale is not None
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_served_side_by_side(zero_shot, fine_tuned):
     from fastapi.testclient import TestClient
     from PIL import Image
@@ -250,6 +260,8 @@ def test_served_side_by_side(zero_shot, fine_tuned):
             assert r.status_code == 200 and len(r.json()["results"]) == 3, r.text
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_a_clip_judge_scores_captions(fine_tuned, scenes):
     from training.captioning.retrieval_reward import load_judge
     from training.data.karpathy import load_karpathy
@@ -262,6 +274,8 @@ def test_a_clip_judge_scores_captions(fine_tuned, scenes):
     assert torch.isfinite(judge.similarities(emb, torch.arange(4))).all()
 
 
+@pytest.mark.slow
+@pytest.mark.training
 @pytest.mark.parametrize("sets", [
     ["model.backbone=clip", "model.text_encoder=gru", "model.freeze_backbone=true"],  # CLIP images, a GRU beside
     ["model.text_encoder=clip", "model.image_head=linear"],  # the packaged CNN beside CLIP's text tower

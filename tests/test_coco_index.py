@@ -33,6 +33,8 @@ def coco_index(tmp_path_factory):
     return root, made, test_imgs, ix
 
 
+@pytest.mark.training
+@pytest.mark.slow
 def test_index_holds_the_test_split_from_both_folders(coco_index):
     root, _, test_imgs, ix = coco_index
     assert ix.images.meta["cocoids"] == [i for i, _ in test_imgs]
@@ -58,6 +60,8 @@ def _stand_in_maps(pkg, test_imgs, cocoids_by_ann):
         (pkg / f"{name}.json").write_text(json.dumps(obj))
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_cxc_and_eccv_positives_attach_to_the_test_split(coco_index, tmp_path, monkeypatch):
     import indexer.relevance as relevance
     from indexer.evaluate import evaluate_index
@@ -88,6 +92,8 @@ def test_cxc_and_eccv_positives_attach_to_the_test_split(coco_index, tmp_path, m
         evaluate_index(ix, relevance=None, cxc=True, eccv=True, show_progress=False)
 
 
+@pytest.mark.training
+@pytest.mark.slow
 def test_server_serves_images_from_both_folders_and_nothing_else(coco_index, tmp_path):
     from app.api.main import create_app
     from app.api.settings import Settings
@@ -136,6 +142,7 @@ def test_demo_recognises_a_coco_json(tmp_path):
     assert PRESETS["coco"] == ("coco_fne_sbert_baseline", "coco_fne_sbert_ltd")
 
 
+@pytest.mark.training
 @pytest.mark.slow
 def test_demo_on_a_converted_coco_json(coco_index, tmp_path, capsys):
     """`ltd demo --dataset coco.json` trains the COCO presets, indexes the 5k-style test split, compares."""

@@ -4,7 +4,13 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
+import pytest
+
 from app.cli import main
+
+# every test here uses the session's trained models (tests/conftest.py marks them; this keeps the fast
+# tier from importing the module at all)
+pytestmark = [pytest.mark.slow, pytest.mark.training]
 
 
 class _Refs(HTMLParser):

@@ -11,7 +11,8 @@ import torch
 from conftest import tiny_config
 
 from training.losses import LossCombiner, token_nll_loss
-from training.losses.lambda_trace import build_combiner, read_lambda_trace, write_lambda_trace
+from training.losses.lambda_trace import read_lambda_trace, write_lambda_trace
+from training.losses.objective import build_combiner
 
 
 def _steps(run):
@@ -105,6 +106,8 @@ def test_itd_sum_is_per_caption_total():
         token_nll_loss(logits, tgt, reduction="max")
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_itd_sum_runs_as_dual_and_constraint(tmp_path):
     from app.pipeline import train_run
 
@@ -166,6 +169,7 @@ def test_mpnet_archive_with_escaping_member_is_refused(tmp_path):
         _check_members(zf)
 
 
+@pytest.mark.slow
 def test_glove_mean_targets_are_the_mean_glove_vector_of_the_words(tmp_path, monkeypatch):
     """The Flickr-clean target model: built once into the cache, then each caption's target is the mean
     of its known words' GloVe vectors (checked against the package's own vectors)."""
@@ -219,6 +223,7 @@ def test_ltd_side_decodes_the_targets_from_the_embedding_it_names():
         tiny_config("dual", ["loss.decoder=itd", "loss.ltd_side=image"])
 
 
+@pytest.mark.slow
 def test_shuffled_ltd_targets_are_a_derangement_of_the_caption_targets():
     """loss.ltd_targets=shuffled (the control for what LTD's targets say): the prepared training targets are
     the caption targets permuted so that no caption keeps its own, the same permutation for the same seed
@@ -245,6 +250,7 @@ def test_shuffled_ltd_targets_are_a_derangement_of_the_caption_targets():
         tiny_config("dual", ["loss.decoder=itd", "loss.ltd_targets=shuffled"])
 
 
+@pytest.mark.slow
 def test_same_image_ltd_targets_stay_within_each_image_and_move_every_caption():
     """loss.ltd_targets=same_image (distillation or LTD?): each caption decodes the target of another
     caption of its own image — the image's content stays in the targets, the caption's own words do

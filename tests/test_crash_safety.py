@@ -148,6 +148,7 @@ def test_checkpoint_write_killed_keeps_the_old_one_and_cleans_up(tmp_path):
     assert [p.name for p in target.parent.iterdir()] == ["checkpoint.pt"]  # the next save removed it
 
 
+@pytest.mark.slow
 def test_swapped_or_truncated_data_files_are_refused(tmp_path):
     """Files copied in from another index, or cut short, are not served; verify=counts skips hashes only."""
     for name in ("a", "b"):

@@ -211,6 +211,7 @@ def test_vocab_roundtrip_and_specials():
     assert batch.tolist() == [[5, 6, 7], [0, 0, 0], [8, 0, 0]] and lengths.tolist() == [3, 1, 1]
 
 
+@pytest.mark.slow
 def test_cli_data_info_and_synth_determinism(tmp_path, capsys):
     from app.cli import main
 

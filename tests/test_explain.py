@@ -1,4 +1,4 @@
-"""Word attributions (search/explain.py), checked against the search API itself: each word's Δscore and
+"""Word attributions (search/attribution.py), checked against the search API itself: each word's Δscore and
 Δrank equal the difference of two text searches, with and without the word; the batched encoding of
 the variants equals encoding them one by one; ranks by counting equal ranks by sorting."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from search import BadRequest, NotFound, SearchService
-from search.explain import _signed, occlusion_variants, ranks_of, split_words, without
+from search.attribution import _signed, occlusion_variants, ranks_of, split_words, without
 
 
 @pytest.fixture(scope="module")

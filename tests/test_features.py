@@ -104,34 +104,66 @@ def test_transform_sees_python_int_indices_and_every_view(tmp_path):
     assert seen == [int] * 6
 
 
-def _side_by_side(run) -> None:
-    """``run(0)`` and ``run(1)`` in two threads, the second started just after the first."""
-    import threading
-    import time
+class _Contention:
+    """Makes two threads meet at a cache entry's lock: ``hold()``, called inside the locked work, returns
+    only once the other thread is waiting on the lock (training.fsio.exclusive logs that it waits), so the
+    second thread provably arrives while the first computes. A start-up stagger let the first finish before
+    the second began, and the test then passed without testing anything."""
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
-    for t in threads:
-        t.start()
-        time.sleep(0.02)
-    for t in threads:
-        t.join(30)
+    def __init__(self):
+        import threading
+
+        self.waiting = threading.Event()
+
+    def emit(self, record) -> None:
+        if "waiting for it" in record.getMessage():
+            self.waiting.set()
+
+    def hold(self) -> None:
+        assert self.waiting.wait(30), "the second thread never waited on the lock"
+
+
+def _side_by_side(run) -> _Contention:
+    """``run(0)`` and ``run(1)`` in two threads at once; their work calls ``hold()`` of the returned object."""
+    import logging
+    import threading
+
+    meet = _Contention()
+    handler = logging.Handler()
+    handler.emit = meet.emit
+    log = logging.getLogger("training.fsio")
+    log.addHandler(handler)
+    old_level, log.level = log.level, logging.INFO
+    try:
+        threads = [threading.Thread(target=run, args=(k, meet)) for k in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old_level)
+    assert meet.waiting.is_set()
+    return meet
 
 
 def test_concurrent_extractions_of_one_cache_entry_do_the_work_once(tmp_path):
     """`ltd experiment --jobs 2` started two runs that both decoded all 8,000 Flickr8k images into the
     same folder at once. The second must wait for the first and then find nothing left to do."""
-    import time
 
     paths = _images(tmp_path, n=12)
 
-    class Slow(MeanColour):
+    class Held(MeanColour):
+        meet = None
+
         def extract(self, images):
-            time.sleep(0.05)  # long enough for the other thread to arrive while this one holds the folder
+            self.meet.hold()  # until the other thread waits for the folder this one holds
             return super().extract(images)
 
-    backbones, stores = [Slow(), Slow()], [None, None]
+    backbones, stores = [Held(), Held()], [None, None]
 
-    def run(k):
+    def run(k, meet):
+        backbones[k].meet = meet
         stores[k] = extract_features(backbones[k], paths, cache_dir=tmp_path / "c", batch_size=2, workers=0,
                                      show_progress=False)
 
@@ -144,7 +176,6 @@ def test_concurrent_extractions_of_one_cache_entry_do_the_work_once(tmp_path):
 def test_concurrent_runs_compute_the_ltd_targets_once(tmp_path, monkeypatch):
     """The same for the sentence-encoder targets: two grid runs started together computed the 30,000
     Flickr8k targets of the 420 MB mpnet model side by side. The second must read the first's file."""
-    import time
 
     from training import targets
 
@@ -152,9 +183,11 @@ def test_concurrent_runs_compute_the_ltd_targets_once(tmp_path, monkeypatch):
     monkeypatch.setattr(targets, "model_identity", lambda path: {"model": "fake"})
     calls = []
 
+    meets = []
+
     def fake_compute(texts, path, model_path, out, batch_size, device, show_progress, *model_and_truncation):
         calls.append(1)
-        time.sleep(0.2)
+        meets[0].hold()  # until the other run waits for the targets this one computes
         emb = np.arange(len(texts) * 3, dtype=np.float32).reshape(len(texts), 3)
         targets.save_npy_atomic(out, emb)
         return emb
@@ -162,7 +195,8 @@ def test_concurrent_runs_compute_the_ltd_targets_once(tmp_path, monkeypatch):
     monkeypatch.setattr(targets, "_compute", fake_compute)
     results = [None, None]
 
-    def run(k):
+    def run(k, meet):
+        meets[:] = [meet]
         results[k] = targets.compute_targets(["a dog", "two cats"], cache_dir=str(tmp_path / "c"), show_progress=False)
 
     _side_by_side(run)
@@ -181,6 +215,7 @@ def frozen_minilm():
                                                       cache_dir=str(cache))
 
 
+@pytest.mark.slow
 def test_frozen_caption_encoder_embeds_a_corpus_once_across_runs(tmp_path, frozen_minilm, monkeypatch):
     """A corpus (val/test split, an index's captions) goes through the disk cache: a second encoder (the
     next run) reads it without running the model and gets the embeddings the model gives; queries (fewer

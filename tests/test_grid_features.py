@@ -29,6 +29,7 @@ def test_grid_side_follows_the_five_stride_two_stages():
     assert grid_side(224) == 7 and grid_side(160) == 5 and grid_side(96) == 3 and grid_side(100) == 4
 
 
+@pytest.mark.slow
 def test_grid_mean_equals_the_pooled_feature(nets):
     x = torch.randn(3, 3, 96, 96).clamp(-1, 1)
     pooled = nets["pooled"].extract(x)
@@ -39,6 +40,7 @@ def test_grid_mean_equals_the_pooled_feature(nets):
     torch.testing.assert_close(regions.mean(1), pooled, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_fused_grid_matches_the_package_model_cell_by_cell(nets):
     x = torch.randn(2, 3, 96, 96).clamp(-1, 1)
     net = nets["grid"]
@@ -55,6 +57,7 @@ def test_grid_regions_rejects_a_wrong_width():
         grid_regions(torch.zeros(2, 1000))
 
 
+@pytest.mark.slow
 def test_grid_features_have_their_own_cache_entry(nets, tmp_path):
     paths = []
     for i in range(2):

@@ -89,7 +89,7 @@ def test_index_eval_matches_training_validation(tiny_index_pair, tmp_path):
     assert "rsum" in md and "text → image" in md
     # the index refuses a different checkpoint
     other = tiny_index_pair["runs"]["bl"] / "best.pt"
-    from training.checkpoint import sha256_file
+    from training.fsio import sha256_file
     with pytest.raises(IndexDirError, match="Rebuild the index"):
         load_index_dir(out, checkpoint_sha256=sha256_file(other))
 
@@ -131,6 +131,7 @@ def test_corpus_index_skips_corrupt_images_and_appends(tiny_index_pair, tmp_path
     assert "without ground truth" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cxc_positives_from_package(tmp_path):
     """CxC extra positives come from the eccv-caption package's id maps."""
     from indexer.relevance import coco_positives

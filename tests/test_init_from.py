@@ -21,6 +21,8 @@ def pretrained(tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_fine_tuning_starts_where_the_source_ended(pretrained, tmp_path):
     from app.pipeline import train_run
     from training.checkpoint import load_checkpoint
@@ -35,6 +37,8 @@ def test_fine_tuning_starts_where_the_source_ended(pretrained, tmp_path):
     assert _val_rows(tmp_path / "scratch")[0]["rsum"] != pytest.approx(start["rsum"], abs=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_a_source_that_does_not_fit_is_refused(pretrained, tmp_path):
     from training.checkpoint import CheckpointError, init_from_checkpoint
     from training.data.vocab import Vocab
@@ -47,6 +51,8 @@ def test_a_source_that_does_not_fit_is_refused(pretrained, tmp_path):
         init_from_checkpoint(model, pretrained / "best.pt")
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_a_new_decoder_keeps_its_initialisation(pretrained, tmp_path):
     from training.checkpoint import init_from_checkpoint, load_checkpoint, model_from_checkpoint
 
@@ -61,6 +67,8 @@ def test_a_new_decoder_keeps_its_initialisation(pretrained, tmp_path):
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_a_grid_can_sweep_fine_tuning_of_its_own_pretrained_cell(tmp_path):
     """A ``first`` cell trains before the sweeps, so that sweeps may start from it (``{out}``, ``{seed}``)."""
     import yaml

@@ -399,7 +399,7 @@ def test_none_and_dual_modes():
     for mode in ("none", "dual"):
         comb = LossCombiner(mode)
         comb.update(torch.tensor(5.0))
-        assert comb.lambda_value is None and not list(comb.parameters())
+        assert comb.multiplier is None and not list(comb.parameters())
 
 
 def test_constraint_forward_treats_lambda_as_constant():
@@ -460,7 +460,7 @@ def test_lambda_is_projected_in_place_without_wind_up():
     # Projected, λ starts falling as soon as the EMA buffer changes sign (~44 steps).
     comb = LossCombiner("constraint", eta=0.2)
     _run(comb, [0.2 * 100] * 1000)
-    assert comb.lambda_value == 100.0
+    assert float(comb.multiplier) == 100.0
     after = _run(comb, [0.0] * 100)
     assert after[-1] < 100.0
     assert all(0.0 <= v <= 100.0 for v in after)
@@ -469,10 +469,10 @@ def test_lambda_is_projected_in_place_without_wind_up():
 def test_non_finite_l_rec_is_skipped():
     comb = LossCombiner("constraint")
     _run(comb, [0.3] * 3)
-    before = comb.lambda_value
+    before = float(comb.multiplier)
     comb.update(torch.tensor(float("nan")))
     comb.update(float("inf"))
-    assert comb.lambda_value == before and math.isfinite(comb.lambda_value)
+    assert float(comb.multiplier) == before and math.isfinite(before)
 
 
 def test_state_dict_round_trip_continues_identically():
@@ -532,7 +532,7 @@ def test_lambda_update_ignores_the_grad_scaler():
     scaler.update()
     comb.update(l_rec)
     gap = l_rec.item() / 0.2 - 1
-    assert comb.lambda_value == pytest.approx(min(100.0, max(0.0, 1.0 + 5e-3 * gap)), rel=1e-6)
+    assert float(comb.multiplier) == pytest.approx(min(100.0, max(0.0, 1.0 + 5e-3 * gap)), rel=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -23,8 +23,8 @@ import pytest
 
 pytrec_eval = pytest.importorskip("pytrec_eval")
 
+from bench._metrics_reference import reference_query_metrics, reference_retrieval_metrics  # noqa: E402
 from indexer.metrics import query_metrics, ranks_of, retrieval_metrics, topk  # noqa: E402
-from indexer.metrics_reference import reference_query_metrics, reference_retrieval_metrics  # noqa: E402
 
 
 def _doc(i: int) -> str:

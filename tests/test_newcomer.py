@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from PIL import Image
 
@@ -29,6 +31,35 @@ def guide_block(path: Path) -> list[str]:
 def ltd(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "LTD_PROGRESS": "off"})
+
+
+def curl(line: str, base: str, variables: dict[str, str]) -> httpx.Response:
+    """Run a guide's ``curl -s URL [-H 'K: V'] [-d DATA] [-F name=value|name=@file]`` line with httpx (the
+    tests need no curl): ``$NAME`` expanded from ``variables``, ``localhost:8000`` replaced by ``base``."""
+    args = shlex.split(re.sub(r"\$(\w+)", lambda m: variables[m.group(1)], line))[1:]
+    url, headers, data, fields, files = None, {}, None, {}, {}
+    it = iter(args)
+    for a in it:
+        if a == "-s":
+            continue
+        if a == "-H":
+            k, v = next(it).split(":", 1)
+            headers[k.strip()] = v.strip()
+        elif a == "-d":
+            data = next(it).encode()
+        elif a == "-F":
+            k, v = next(it).split("=", 1)
+            if v.startswith("@"):
+                files[k] = (Path(v[1:]).name, Path(v[1:]).read_bytes())
+            else:
+                fields[k] = v
+        else:
+            assert url is None and not a.startswith("-"), f"curl option the test does not know: {a}"
+            url = a.replace("localhost:8000", base.split("://", 1)[1])
+    url = url if "://" in url else "http://" + url
+    if files:
+        return httpx.post(url, headers=headers, data=fields, files=files, timeout=60)
+    return httpx.post(url, headers=headers, content=data, timeout=60)
 
 
 def _photos(folder: Path, n: int, seed: int) -> None:
@@ -72,14 +103,16 @@ def test_guide_search_your_own_photos_runs_end_to_end(tiny_index_pair, tmp_path)
     mf = json.loads((tmp_path / "indexes" / "trip" / "manifest.json").read_text())
     assert sorted(Path(s["file"]).name for s in mf["skipped"]) == ["broken.jpg", "broken.jpg"]
     args = serve.split()[2:]
+    variables = dict(ln.split("#")[0].strip().split("=", 1) for ln in setup)
     with live.serving(args, tmp_path / "serve.log") as (_, base):
         for cmd, n in zip(curls, (3, 2)):  # text → 3 of 7 photos; an upload → both captions (k = 3 > 2)
-            res = subprocess.run(["bash", "-c", "\n".join(setup + [cmd.replace("localhost:8000", base)])],
-                                 capture_output=True, text=True, timeout=60)
-            body = json.loads(res.stdout)
+            r = curl(cmd, base, variables)
+            assert r.status_code == 200, r.text
+            body = r.json()
             assert body["model"] == "trip" and len(body["results"]) == n, body
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, first_line", [
     (["index", "--checkpoint", "nope.pt", "--images-dir", ".", "--out", "x"], "ltd index: error: --checkpoint: file not found: nope.pt"),
     (["train", "--config", "flickr8k_ltdd"], "ltd train: error: config file not found: flickr8k_ltdd (did you mean 'flickr8k_ltd'?)"),
@@ -99,12 +132,14 @@ def test_set_without_equals_gets_the_commands_usage_and_a_hint():
     assert "did you mean --set loss.eta=0.15 ?" in res.stderr
 
 
+@pytest.mark.slow
 def test_verbose_anywhere_on_the_command_line():
     for args in (["-v", "index"], ["index", "-v"]):
         res = ltd(*args, "--checkpoint", "nope.pt", "--images-dir", ".", "--out", "x")
         assert res.returncode == 2 and "Traceback" in res.stderr
 
 
+@pytest.mark.slow
 def test_list_presets_says_what_each_is_and_costs():
     res = ltd("train", "--list-presets")
     lines = res.stdout.splitlines()
@@ -113,6 +148,7 @@ def test_list_presets_says_what_each_is_and_costs():
     assert "constraint" in ltd_line and "min" in ltd_line
 
 
+@pytest.mark.slow
 def test_presets_whose_captions_or_targets_saw_flickr30k_or_coco_captions_carry_the_mark(monkeypatch, tmp_path):
     """Issue 39: a number from a caption encoder or LTD targets that saw Flickr30k/COCO captions
     (MiniLM, mpnet) is marked ᴹ — on every preset, the scenes' too (RESULTS marks the demo's numbers)
@@ -141,7 +177,9 @@ def test_a_mistyped_captions_file_fails_fast_on_a_500_image_folder(tiny_index_pa
               "--captions-file", str(tmp_path / "captoins.txt"), "--out", str(tmp_path / "ix"))
     elapsed = time.perf_counter() - t0
     assert res.returncode == 2 and "--captions-file: file not found" in res.stderr
-    assert elapsed < 5, f"{elapsed:.1f} s to report a missing file"
+    assert not (tmp_path / "ix").exists()  # refused before anything was embedded or written
+    assert elapsed < 60, f"{elapsed:.1f} s to report a missing file"  # generous (a loaded machine): the check above
+    # is what catches work done before the refusal
     out = tmp_path / "exists"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
@@ -165,7 +203,7 @@ def test_serve_with_a_moved_checkpoint_names_the_fix_and_takes_it(tiny_index_pai
     (ix / "manifest.json").write_text(json.dumps(mf))
     args = ["--model", f"bl={tiny_index_pair['bl']}", "--model", f"ltd={ix}", "--no-ui"]
     with live.serving(args, tmp_path / "a.log") as (_, base):
-        health = json.loads(subprocess.run(["curl", "-s", base + "/api/health"], capture_output=True, text=True).stdout)
+        health = httpx.get(base + "/api/health", timeout=10).json()
         assert health["status"] == "degraded" and health["loaded"] == ["bl"]
         down = health["down"]["ltd"]  # open to anyone: the fix without the server's paths (issue 35)
         assert "--model NAME=" in down and "@" in down and "/gone" not in down and str(tmp_path) not in down
@@ -173,5 +211,5 @@ def test_serve_with_a_moved_checkpoint_names_the_fix_and_takes_it(tiny_index_pai
     assert "@/path/to/checkpoint.pt" in log and "/gone/runs/ltd/best.pt" in log
     args[3] = f"ltd={ix}@{run / 'best.pt'}"
     with live.serving(args, tmp_path / "b.log") as (_, base):
-        health = json.loads(subprocess.run(["curl", "-s", base + "/api/health"], capture_output=True, text=True).stdout)
+        health = httpx.get(base + "/api/health", timeout=10).json()
         assert health["status"] == "ok" and health["loaded"] == ["bl", "ltd"]

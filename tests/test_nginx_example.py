@@ -76,7 +76,7 @@ def test_the_nginx_example_serves_tls_with_limits_and_timeouts(tiny_index_pair, 
     token = uuid.uuid4().hex
     cert, key = _certificate(tmp_path)
     http_port, https_port = live.free_port(), live.free_port()
-    args = [*live.model_args(tiny_index_pair), "--no-ui", "--allowed-host", NAME]
+    args = [*live.model_args(tiny_index_pair), "--no-ui", "--allowed-host", NAME, "--forwarded-allow-ips", "127.0.0.1"]
     with live.serving(args, tmp_path / "serve.log", env={"LTD_API_TOKEN": token}) as (_, base):
         conf = _config(tmp_path, int(base.rsplit(":", 1)[1]), http_port, https_port, cert, key)
         nginx = subprocess.Popen(["nginx", "-p", str(tmp_path), "-c", conf], stderr=subprocess.DEVNULL)

@@ -359,6 +359,7 @@ def test_experiment_extra_set_is_common_and_validated(tmp_path):
         load_grid(p, ["loss.eta=-1"])
 
 
+@pytest.mark.slow
 def test_shipped_grids_are_valid(monkeypatch, tmp_path):
     from app.grid import load_grid
 

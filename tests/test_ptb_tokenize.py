@@ -113,6 +113,7 @@ def test_the_fast_path_equals_the_rule_scan():
         assert list(scan(text)) == list(scan(text, fast=False)), text
 
 
+@pytest.mark.slow
 @needs_java
 def test_python_ptb_tokenizer_agrees_with_the_java_one(tmp_path):
     """The toolkit's exact command (-preserveLines -lowerCase) on the cases above and 3,000 random lines."""
@@ -179,6 +180,7 @@ def _toolkit_scores(gts: dict, res: dict, meteor: bool) -> dict:
     return out
 
 
+@pytest.mark.slow
 @needs_java
 @pytest.mark.parametrize("meteor", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["no_meteor", "meteor"])
 def test_coco_scores_equal_the_toolkit_pipeline_on_hard_candidates(meteor):

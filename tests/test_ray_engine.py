@@ -151,6 +151,7 @@ def test_a_killed_ray_run_resumes_from_its_finished_shards(trained, tmp_path):
     np.testing.assert_allclose(ix.captions.vectors, local.captions.vectors, atol=1e-5)
 
 
+@pytest.mark.slow
 @ray_installed
 def test_a_local_cluster_runs_its_workers_at_the_commands_priority(tmp_path):
     """Ray starts workers 15 nice levels below the raylet by default, so an index run beside any other

@@ -50,7 +50,8 @@ def test_family_trains_indexes_evaluates_and_serves(tmp_path, family):
     assert type(model.image.head).__name__ == {"vsrn": "VSRNImageHead", "tern": "TERNImageHead"}[family[:4]]
     # the index's image vectors (cached grid features) are what the model gives for the image files
     paths = ix.images.meta["paths"][:3]
-    direct = model.embed_pil([Image.open(p).convert("RGB") for p in paths]).numpy()
+    with torch.no_grad():
+        direct = model.image(model.image.prepare([Image.open(p).convert("RGB") for p in paths])).float().numpy()
     np.testing.assert_allclose(direct, ix.images.vectors[:3], atol=2e-2)  # the cache holds float16
     svc = SearchService({family: ix.path})
     svc.registry.load()

@@ -51,6 +51,7 @@ def _write_sources(arr: np.ndarray, root):
     return ["all.npy", "by_id.npz", "by_name.npz", "per_image", "per_split"]
 
 
+@pytest.mark.slow
 def test_grid_cache_and_precomputed_reader_give_identical_model_inputs(grid_store, tmp_path):
     from training.config import load_config
     from training.data.vocab import Vocab

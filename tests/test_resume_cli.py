@@ -23,12 +23,16 @@ def run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_resume_reads_the_runs_own_config(run, capsys):
     # the default preset's sizes differ from the run's (embed_dim 64 here): reading it would fail
     assert main(["train", "--resume", "--out", str(run), "--no-progress"]) == 0
     assert main(["train", "--resume", "--out", str(run), "--no-progress", "--set", "model.embed_dim=64"]) == 0
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_resume_refuses_a_command_line_that_changes_the_run(run, capsys):
     assert main(["train", "--resume", "--out", str(run), "--set", "train.epochs=5"]) == 2
     err = capsys.readouterr().err
@@ -37,6 +41,8 @@ def test_resume_refuses_a_command_line_that_changes_the_run(run, capsys):
     assert "would change" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_a_run_that_died_before_its_first_checkpoint_says_so(run, tmp_path, caplog):
     dead = tmp_path / "dead"
     dead.mkdir()

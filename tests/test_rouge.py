@@ -49,6 +49,7 @@ def test_tokenize_matches_rouge_score() -> None:
         assert tokenize(t) == rs_tokenize.tokenize(t, None), t
 
 
+@pytest.mark.slow
 def test_pairs_match_rouge_score() -> None:
     rng = random.Random(1)
     pairs = HAND_MADE + [(_sentence(rng), _sentence(rng)) for _ in range(200)]

@@ -34,6 +34,7 @@ def _features(name: str, features: str, x: torch.Tensor) -> torch.Tensor:
     return bb.extract(x)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not FAST, reason="neither onnxruntime nor openvino is installed (extra [fast])")
 @pytest.mark.parametrize("features", ["pooled", "fne", "grid"])
 def test_fast_runtimes_match_the_torch_reference(features, images, fp32):
@@ -47,6 +48,7 @@ def test_fast_runtimes_match_the_torch_reference(features, images, fp32):
         assert (out - ref).abs().max().item() <= 1e-4 * max(1.0, ref.abs().max().item()), name
 
 
+@pytest.mark.slow
 @pytest.mark.skipif("openvino" not in FAST, reason="openvino is not installed (extra [fast])")
 def test_openvino_splits_a_batch_across_its_streams_in_order(images, fp32):
     """OpenVINO runs a batch as one slice per stream: rows come back in order, for every batch size
@@ -118,6 +120,7 @@ def test_env_variable_chooses_the_runtime(monkeypatch):
     assert bb.runtime == "torch" and bb.image_runtime(torch.device("cpu")).name == "torch"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not FAST, reason="needs onnxruntime or openvino (extra [fast])")
 def test_export_is_cached_and_keyed_by_the_weights(tmp_path, monkeypatch):
     monkeypatch.setenv("LTD_CACHE_DIR", str(tmp_path))
@@ -133,6 +136,7 @@ def test_export_is_cached_and_keyed_by_the_weights(tmp_path, monkeypatch):
     assert not [p for p in (tmp_path / "engines").iterdir() if p.name.startswith(".")]  # no temporaries left
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not FAST, reason="needs onnxruntime or openvino (extra [fast])")
 def test_feature_cache_is_shared_across_fp32_runtimes(tmp_path, fp32):
     paths = []
@@ -153,6 +157,7 @@ def test_feature_cache_is_shared_across_fp32_runtimes(tmp_path, fp32):
     np.testing.assert_allclose(store.tensor().numpy(), fresh.tensor().numpy(), atol=2e-3, rtol=2e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not FAST, reason="needs onnxruntime or openvino (extra [fast])")
 def test_fast_runtimes_serve_concurrent_callers(images):
     """The server encodes uploads from several threads at once: every caller gets its own answer."""
@@ -171,9 +176,9 @@ def test_fast_runtimes_serve_concurrent_callers(images):
 OPENVINO_TWO_CORES = """
 import gc, signal, subprocess, sys
 import numpy as np
-import openvino as ov
+from training.models.runtimes import compile_openvino, import_openvino
+ov = import_openvino()
 import openvino.opset13 as ops
-from training.models.runtimes import compile_openvino
 
 def tiny():
     x = ops.parameter([1, 4], np.float32, name="x")
@@ -189,6 +194,7 @@ print("alive")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif("openvino" not in FAST, reason="openvino is not installed (extra [fast])")
 def test_two_openvino_models_freed_in_order_leave_a_usable_signal_stack():
     """OpenVINO's CPU plugin swaps the thread's alternate signal stack per Core and, freed in creation
@@ -202,3 +208,26 @@ def test_two_openvino_models_freed_in_order_leave_a_usable_signal_stack():
     res = subprocess.run([sys.executable, "-c", OPENVINO_TWO_CORES], cwd=root, capture_output=True, text=True,
                          timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(root)})
     assert res.returncode == 0 and res.stdout.strip() == "alive", (res.returncode, res.stderr[-2000:])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("openvino" not in FAST, reason="openvino is not installed (extra [fast])")
+def test_openvino_is_imported_without_its_telemetry(tmp_path):
+    """``import openvino`` sends an "import" event to Google Analytics (its converter's telemetry, on by
+    default without a consent file); the library's import does not: in a process under the tests'
+    network guard nothing is attempted, and the converter holds OpenVINO's no-op stub."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import netguard
+
+    log = tmp_path / "attempts.log"
+    code = ("from training.models.runtimes import import_openvino\nimport_openvino()\n"
+            "import openvino.tools.ovc as ovc\nprint(type(ovc.telemetry).__module__)\n")
+    env = {**os.environ, **netguard.subprocess_env(log)}
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(Path(__file__).resolve().parents[1])])
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "openvino.tools.ovc.telemetry_stub" and netguard.attempts(log) == []

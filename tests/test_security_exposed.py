@@ -9,6 +9,7 @@ import io
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,8 @@ from fastapi.testclient import TestClient
 
 from app.api.main import create_app
 from app.api.settings import Settings
+from indexer import image_roots
+from indexer.index import read_manifest
 from search import SearchService
 
 ABS_PATH = re.compile(r"(?<![\w.])/(?:tmp|home|root|work|etc|usr|var|opt)/")
@@ -164,14 +167,20 @@ def test_open_paths_are_matched_exactly(guarded):
 
 
 def test_wrong_tokens_are_rate_limited(guarded):
-    """A guesser gets 20 tries a minute per address; after that even the right token is refused, so the
-    answers say nothing about the guesses. Health stays open (load balancers)."""
+    """A guesser gets 20 tries a minute per address; then the address is locked: one credential is looked
+    at every 3 s, every other request is answered 429 unread, and a wrong guess is answered 429 as well.
+    The right token still gets in (issue 53: a locked-out user who finds it is never kept out), and is
+    then forgiven. Health stays open (load balancers)."""
     for _ in range(20):
         assert guarded.get("/api/models", headers={"Authorization": "Bearer guess"}).status_code == 401
-    r = guarded.get("/api/models", headers={"Authorization": f"Bearer {TOKEN}"})
+    r = guarded.get("/api/models", headers={"Authorization": "Bearer guess"})  # looked at: wrong
     assert r.status_code == 429 and r.json()["error"] == "too_many_requests" and int(r.headers["retry-after"]) > 0
+    assert guarded.get("/api/models", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 429  # not read
     assert guarded.post("/login", data={"token": TOKEN}).status_code == 429
     assert guarded.get("/api/health").status_code == 200
+    time.sleep(3.1)
+    assert guarded.get("/api/models", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    assert guarded.get("/api/models", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200  # forgiven
 
 
 def test_the_failure_window_slides_and_is_per_address():
@@ -198,10 +207,12 @@ def test_login_cookie_is_signed_salted_and_expires(guarded):
     assert "max-age=43200" in r.headers["set-cookie"].lower()
     guarded.cookies.clear()  # each request below names its own cookie
     assert guarded.get("/api/models", cookies={"ltd_token": cookies[0]}).status_code == 200
-    old_style = hashlib.sha256(f"ltd-ui-session:{TOKEN}".encode()).hexdigest()  # the previous, unsalted cookie
-    expiry, nonce, mac = cookies[0].split(".")
+    old_style = hashlib.sha256(f"ltd-ui-session:{TOKEN}".encode()).hexdigest()  # an early, unsalted cookie
+    nonce, stamp, mac = cookies[0].split(".")  # itsdangerous: value.timestamp.signature
     expired = Sessions(TOKEN, 60).make(now=1_000_000)
-    for bad in (old_style, f"{int(expiry) + 10**6}.{nonce}.{mac}", expired, Sessions("other", 60).make()):
+    later = Sessions(TOKEN, 60).make(now=2_000_000_000).split(".")[1]  # a timestamp in 2033
+    for bad in (old_style, f"{nonce}.{later}.{mac}", f"{nonce[::-1]}.{stamp}.{mac}", expired,
+                Sessions("other", 60).make()):
         assert guarded.get("/api/models", cookies={"ltd_token": bad}).status_code == 401, bad
 
 
@@ -309,8 +320,9 @@ def _rewrite_images_meta(index: Path, edit, legacy: bool = False) -> None:
 
 @pytest.mark.parametrize("legacy", [False, True])
 def test_a_crafted_index_cannot_serve_other_files(tiny_index_pair, tmp_path, legacy):
-    """images.json naming /etc/passwd (hashes recomputed): refused. With its image folders recorded,
-    nothing outside them is served; an old index (no folders recorded) still serves image files only."""
+    """images.json naming /etc/passwd (hashes recomputed): refused. With its image folders in the manifest,
+    nothing outside them is served; an old index (no folders in its manifest: they are read from its
+    image paths, the planted ones included) serves only what the operator's record allows."""
     crafted = _copy_index(tiny_index_pair, "bl", tmp_path)
     ids_paths = {}
 
@@ -330,7 +342,9 @@ def test_a_crafted_index_cannot_serve_other_files(tiny_index_pair, tmp_path, leg
             ids_paths[meta["ids"][k]] = p
         ids_paths["good"] = meta["ids"][0]
 
+    good_folder = read_manifest(crafted)["image_roots"]
     _rewrite_images_meta(crafted, plant, legacy=legacy)
+    image_roots.record(crafted, good_folder)  # what `ltd index` recorded when it was given the images folder
     svc = SearchService({"bl": str(crafted)})
     svc.registry.load()
     with TestClient(create_app(_settings(tiny_index_pair, models={"bl": str(crafted)}), service=svc)) as c:

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from app.api import schemas
-from search import explain, results
+from search import attribution, results
 from search.registry import ModelRegistry
 from training.errors import Unavailable
 
@@ -39,9 +39,9 @@ PAIRS = [
     (results.GeneratedCaption, schemas.GeneratedCaption, set(), set()),
     (results.CaptionResult, schemas.CaptionResponse, set(), set()),
     (results.CaptionCheck, schemas.CaptionCheckResponse, set(), set()),
-    (explain.Explanation, schemas.ExplainResponse, {"image_url", "thumbnail_url"}, set()),
-    (explain.ModelAttribution, schemas.ModelExplanation, set(), set()),
-    (explain.WordAttribution, schemas.WordAttributionOut, set(), set()),
+    (attribution.Explanation, schemas.ExplainResponse, {"image_url", "thumbnail_url"}, set()),
+    (attribution.ModelAttribution, schemas.ModelExplanation, set(), set()),
+    (attribution.WordAttribution, schemas.WordAttributionOut, set(), set()),
 ]
 
 

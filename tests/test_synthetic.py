@@ -139,6 +139,7 @@ def check_caption(caption: str, spec: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 # Captions (pure functions)
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_captions_are_true_distinct_and_five_for_many_scenes() -> None:
     kinds_seen = set()
     for i in range(1500):
@@ -204,6 +205,7 @@ def test_render_is_deterministic_rgb_and_sized() -> None:
 # ---------------------------------------------------------------------------------------------
 # The dataset on disk
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_byte_identical_across_runs_and_worker_counts(generated: Path, tmp_path: Path) -> None:
     again = generate_synthetic(tmp_path / "b", n_images=N, seed=3, image_size=SIZE, workers=2,
                                show_progress=False)

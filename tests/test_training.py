@@ -166,6 +166,8 @@ def _embed(model, data, idx):
     return img, txt, ids
 
 
+@pytest.mark.slow
+@pytest.mark.training
 @pytest.mark.parametrize("mode", ["dual", "constraint"])
 def test_constraint_and_dual_wiring_in_model(tmp_path, mode):
     """Real training steps apply the combination: the first step's loss and gradient norm equal a hand
@@ -229,6 +231,8 @@ def _hinges(img, txt, ids, margin):
     return float(c_i2t.sum() + c_t2i.sum()), float(c_i2t.max(1).values.sum() + c_t2i.max(0).values.sum())
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_sh_mh_curriculum_switches_after_patience_to_max_of_hinges(tmp_path, monkeypatch):
     """sh_mh trains with the sum of hinges until val rsum has not improved for `curriculum_patience`
     epochs, then with the max of hinges: the switch comes exactly then, is checkpointed, and the loss
@@ -269,6 +273,8 @@ def test_sh_mh_curriculum_switches_after_patience_to_max_of_hinges(tmp_path, mon
     assert first_mh["l_con"] == pytest.approx(mh, rel=1e-5) and abs(sh - mh) > 1.0
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_itd_and_triplet_and_ifm_runs(tmp_path):
     from app.pipeline import train_run
 
@@ -282,6 +288,8 @@ def test_itd_and_triplet_and_ifm_runs(tmp_path):
             assert all("l_rec" in r for r in rows)
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_model_rebuilds_from_checkpoint_without_glove(tmp_path, monkeypatch):
     from app.pipeline import train_run
     from training.checkpoint import model_from_checkpoint
@@ -317,6 +325,8 @@ def test_sbert_caption_encoder_frozen_and_partial(tmp_path, layers):
     assert (len(trainable) > 0) == (layers > 0)
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_cpu_bf16_autocast_trains_close_to_fp32(tmp_path, monkeypatch):
     """train.cpu_amp=bf16 runs the steps under bf16 autocast (the model's matmuls see it; the losses
     stay float32): same first-step losses as fp32 within bf16 rounding, not bit-identical (so the
@@ -352,6 +362,8 @@ def test_cpu_bf16_autocast_trains_close_to_fp32(tmp_path, monkeypatch):
         tiny_config(extra=["train.cpu_amp=fp16"])
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_train_fraction_keeps_the_captioners_labelled_half():
     """data.train_fraction trains a retrieval model (an SR-PL judge) on exactly the training images
     whose captions a captioner's SR-PL run with the same fraction and seed keeps, and nothing of the

@@ -2,16 +2,17 @@
 browser, and the Blocks app (ui/app.py): its tabs, and events wired to the right inputs and outputs."""
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
 
-import matplotlib
 import pytest
 
 from app.api.routers.deps import thumbnail_url
-from search import DatasetCaption, SearchError, SearchService
+from search import CaptionService, SearchError, SearchService
 from ui import inputs, render
+from ui.context import UIContext
 from ui.tabs import compare as cmp
 from ui.tabs import explorer as ex
 from ui.tabs import search as srch
@@ -37,6 +38,14 @@ def one(tiny_index_pair) -> SearchService:
 @pytest.fixture(scope="module")
 def loading(tiny_index_pair) -> SearchService:
     return SearchService({"bl": tiny_index_pair["bl"], "ltd": tiny_index_pair["ltd"]})  # never loaded
+
+
+@pytest.fixture(scope="module")
+def limited(svc) -> SearchService:
+    """The same loaded models under other limits (a server sets them once, in the service's config)."""
+    out = copy.copy(svc)
+    out.config = svc.config.model_copy(update={"max_upload_bytes": 1234, "max_query_chars": 77, "max_k": 20})
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +127,7 @@ def test_image_search_by_upload(svc, tiny_index_pair, upload_dir, caption):
     assert "uploaded image" in html and "data:image/jpeg;base64," in html  # a preview of the upload
 
 
-def test_only_files_uploaded_through_the_ui_are_read(svc, caption, upload_dir, tmp_path):
+def test_only_files_uploaded_through_the_ui_are_read(svc, limited, caption, upload_dir, tmp_path):
     """A file path that did not come from the UI's upload folder is never opened: not a dataset image,
     not /etc/passwd, not a device, not a link out of the folder, not a file over the size limit."""
     outside = svc.image_path(caption.image_id, "bl")
@@ -129,7 +138,7 @@ def test_only_files_uploaded_through_the_ui_are_read(svc, caption, upload_dir, t
     for p in (outside, "/etc/passwd", "/dev/zero", link, upload_dir):
         html = srch.search_image(svc, "bl", None, str(p), 5, THUMBS)
         assert "only images uploaded through this page" in html, p
-    assert "exceeds the limit of 1,000 bytes" in srch.search_image(svc, "bl", None, str(big), 5, THUMBS, max_bytes=1000)
+    assert "exceeds the limit of 1,234 bytes" in srch.search_image(limited, "bl", None, str(big), 5, THUMBS)
 
 
 @pytest.mark.parametrize("image_id, upload, message", [
@@ -163,7 +172,7 @@ def test_unknown_model_gives_a_message(svc):
 
 def test_random_caption_and_examples(svc):
     c = inputs.random_caption(svc, "bl", seed=1)
-    assert isinstance(c, DatasetCaption) and c.text and c.image_id is not None
+    assert c == svc.caption("bl", c.id) and c.text and c.image_id is not None  # a caption of the index, as served
     assert inputs.random_caption(svc, "bl", seed=1) == c  # deterministic with a seed
     assert inputs.random_caption(svc, "bl", seed=1, exclude=c).id != c.id
     ex = inputs.example_captions(svc, "bl", n=5)
@@ -187,36 +196,50 @@ def test_inline_thumbnails(svc, caption):
 
 
 # ---- Compare -----------------------------------------------------------------------------------
-def test_compare_dataset_caption_side_by_side(svc, caption):
-    html = cmp.compare_text(svc, "bl", "ltd", caption.text, caption, 5, THUMBS)
+@pytest.fixture(scope="module")
+def ctx(svc) -> UIContext:
+    return UIContext(svc, CaptionService(svc), THUMBS)
+
+
+def compare_text(ctx: UIContext, *args) -> str:
+    """The results HTML of the Compare tab's text event."""
+    return cmp.compare_text(ctx, *args)[0]
+
+
+def compare_image(ctx: UIContext, *args) -> str:
+    return cmp.compare_image(ctx, *args)[0]
+
+
+def test_compare_dataset_caption_side_by_side(ctx, caption):
+    html = compare_text(ctx, "bl", "ltd", caption.text, caption, 5)
     heads = re.findall(r'<div class="ltd-col-head ltd-m\d"><h3>([^<]+)</h3>', html)
     assert heads == ["bl", "ltd"]
     assert html.count('<section class="ltd-col">') == 2
     assert html.count("1st GT rank") == 2  # metrics per model
-    out = svc.compare(["bl", "ltd"], caption_id=caption.id, k=5)
+    out = ctx.service.compare(["bl", "ltd"], caption_id=caption.id, k=5)
     assert f"<b>{out.overlap}</b> of top-5 shared" in html
     # every card of a model that the other did not retrieve carries the ◆ marker
     assert html.count('class="ltd-only"') == 2 * 5 - 2 * out.overlap
 
 
-def test_compare_dataset_image(svc, caption):
-    html = cmp.compare_image(svc, "bl", "ltd", caption.image_id, None, 10, THUMBS)
+def test_compare_dataset_image(ctx, caption):
+    html = compare_image(ctx, "bl", "ltd", caption.image_id, None, 10)
     assert html.count('<section class="ltd-col">') == 2
     assert html.count('<li class="ltd-cap') == 20
     assert "ground-truth caption" in html
 
 
-def test_compare_free_text_has_no_ground_truth(svc):
-    html = cmp.compare_text(svc, "bl", "ltd", "two big shapes", None, 5, THUMBS)
+def test_compare_free_text_has_no_ground_truth(ctx):
+    html = compare_text(ctx, "bl", "ltd", "two big shapes", None, 5)
     assert html.count("no ground truth for this query") == 2
     assert "ltd-card gt" not in html
 
 
-def test_compare_messages(svc, one):
-    assert "Type a query" in cmp.compare_text(svc, "bl", "ltd", " ", None, 10, THUMBS)
-    assert "two different models" in cmp.compare_text(svc, "bl", "bl", "a dog", None, 10, THUMBS)
-    assert "Pick a dataset image" in cmp.compare_image(svc, "bl", "ltd", None, None, 10, THUMBS)
-    msg = cmp.compare_text(one, "bl", "bl", "a dog", None, 10, THUMBS)
+def test_compare_messages(ctx, one):
+    assert "Type a query" in compare_text(ctx, "bl", "ltd", " ", None, 10)
+    assert "two different models" in compare_text(ctx, "bl", "bl", "a dog", None, 10)
+    assert "Pick a dataset image" in compare_image(ctx, "bl", "ltd", None, None, 10)
+    msg = compare_text(UIContext(one, CaptionService(one), THUMBS), "bl", "bl", "a dog", None, 10)
     assert "needs two models" in msg and "ltd serve" in msg
 
 
@@ -327,7 +350,7 @@ def test_plot_runs_still_works(tiny_index_pair, tmp_path, monkeypatch):
 
 def test_training_figure_for_loaded_models(svc):
     fig, msg = trn.training_figure(svc, ["bl", "ltd"])
-    assert isinstance(fig, matplotlib.figure.Figure) and msg == ""
+    assert msg == ""
     lam, rec, con, val = fig.axes
     assert [ln.get_label() for ln in val.lines] == ["bl", "ltd (η=0.5)"]
     assert any(ln.get_linestyle() == "--" for ln in rec.lines)  # the η line of the LTD run
@@ -379,18 +402,20 @@ def _dependency(blocks, api_name: str):
     return dep, elem, out, blocks.fns[dep["id"]].fn
 
 
-def test_build_ui_has_its_tabs_and_wires_each_event(svc, caption):
+def test_build_ui_has_its_tabs_and_wires_each_event(limited, caption, upload_dir):
     """Each tab is there, and its main events take the inputs and fill the outputs they should: the
     function behind the Search button, called with the values the page would send, fills the
     search results; the Compare button's, the compare panel; the Explorer's row click opens Compare."""
-    from ui.app import UILimits, build_ui
+    from ui.app import build_ui
 
-    blocks = build_ui(svc, limits=UILimits(max_upload_bytes=1234, max_query_chars=77), thumb_url=THUMBS)
+    blocks = build_ui(limited, thumb_url=THUMBS)
     cfg = blocks.get_config_file()
     tabs = {c["props"].get("elem_id") for c in cfg["components"] if c["type"] == "tabitem"}
     assert tabs == {"tab-search", "tab-compare", "tab-explorer", "tab-caption", "tab-training"}
     box = next(c for c in cfg["components"] if c.get("props", {}).get("elem_id") == "search-text")
     assert box["props"]["max_length"] == 77  # the server's query limit reaches the UI
+    ks = [c["props"]["choices"] for c in cfg["components"] if c.get("props", {}).get("label") == "Top k"]
+    assert ks and all([v for _, v in k] == [5, 10, 20] for k in ks)  # and its max_k (20): no choice over it
     dep, ins, outs, fn = _dependency(blocks, "run_text")
     assert ins[1] == "search-text" and outs == ["search-text-results"]
     html = fn("bl", caption.text, caption, 5)
@@ -400,7 +425,10 @@ def test_build_ui_has_its_tabs_and_wires_each_event(svc, caption):
     html, attr, state = fn("bl", "ltd", caption.text, caption, 5)
     assert html.count('<section class="ltd-col">') == 2 and "ltd-attr" in attr and f"cid={caption.id}" in state
     dep, ins, outs, fn = _dependency(blocks, "upload_image")
-    assert fn("bl", "/etc/passwd", 5)[1].count("only images uploaded through this page") == 1
+    assert fn("bl", "i2t", "/etc/passwd", 5, None)[1].count("only images uploaded through this page") == 1
+    big = upload_dir / "big.png"
+    big.write_bytes(b"\x89PNG\r\n\x1a\n" + b"0" * 2048)
+    assert "exceeds the limit of 1,234 bytes" in fn("bl", "i2i", str(big), 5, None)[1]  # the upload limit, both ways
     dep, ins, outs, _ = _dependency(blocks, "open_in_compare")
     by_id = {c["id"]: c for c in cfg["components"]}
     assert [by_id[t].get("props", {}).get("elem_id") for t, _ in dep["targets"]] == ["explorer-table"]
@@ -414,9 +442,14 @@ def test_build_ui_with_one_model_or_while_loading(one, loading):
     from ui.theme import CSS, THEME
 
     for s in (one, loading):
-        assert isinstance(build_ui(s), gr.Blocks)
-    assert isinstance(THEME, gr.themes.ThemeClass) and ".ltd-card.gt" in CSS
+        cfg = build_ui(s).get_config_file()
+        tabs = {c["props"].get("elem_id") for c in cfg["components"] if c["type"] == "tabitem"}
+        assert tabs == {"tab-search", "tab-compare", "tab-explorer", "tab-caption", "tab-training"}
+        assert any(d.get("api_name") == "run_text" for d in cfg["dependencies"])  # the events are wired
+    loading_cfg = build_ui(loading).get_config_file()
+    assert any(c["type"] == "timer" and c["props"].get("active") for c in loading_cfg["components"])  # polls until loaded
     assert "needs two models" in str(build_ui(one).get_config_file())
+    assert THEME.name == gr.themes.Default().name and ".ltd-card.gt" in CSS
 
 
 def test_mounted_ui_serves_the_page(svc):

@@ -88,7 +88,8 @@ def test_compare_view_returns_results_attributions_and_url_state(svc, caption):
     html, attr, state = cmp.compare_view(svc, "bl", "ltd", {"caption_id": caption.id}, 5, THUMBS)
     assert html.count('<section class="ltd-col">') == 2 and "ltd-attr" in attr
     assert share.read(state, ["bl", "ltd"], [5, 10]) == share.UIState(
-        tab="compare", a="bl", b="ltd", k=5, cid=caption.id, ex=caption.image_id)
+        tab="compare", a="bl", b="ltd", k=5, cid=caption.id, ex=caption.image_id,
+        ga=share.pin(svc, "bl"), gb=share.pin(svc, "ltd"))  # the index state each model served
 
 
 # ---- Explorer: words and maps -------------------------------------------------------------------

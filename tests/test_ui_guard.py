@@ -1,6 +1,6 @@
 """Issue 35, findings 1 and 4: the mounted UI fetches no URL and keeps only images, in a bounded cache.
 
-In process (TestClient: no sockets). Gradio's downloaders and the resolver are replaced by recorders:
+In process (TestClient: no sockets). Gradio's downloaders and the network are replaced by recorders:
 a control run on a plain Gradio mount shows they see the download Gradio would make, and the same
 payloads on every UI route of our app never reach them.
 """
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -34,8 +33,9 @@ def service(pair_service) -> SearchService:
 
 
 @pytest.fixture
-def fetches(monkeypatch) -> list:
-    """Every download Gradio could start, and every name resolution, recorded (and refused)."""
+def fetches(monkeypatch, no_outside_network) -> list:
+    """Every download Gradio could start, recorded (and refused); any name resolution or connection beyond
+    loopback is refused and fails the test (``no_outside_network``, tests/netguard.py)."""
     import gradio.processing_utils as pu
     import gradio.routes as gr_routes
 
@@ -55,15 +55,6 @@ def fetches(monkeypatch) -> list:
     for name in ("async_ssrf_protected_download", "async_ssrf_protected_get"):
         monkeypatch.setattr(pu, name, recorder(name)[1])
     monkeypatch.setattr(gr_routes, "secure_url_stream_response", recorder("secure_url_stream_response")[1])
-    real_getaddrinfo = socket.getaddrinfo
-
-    def getaddrinfo(host, *args, **kwargs):
-        if host not in ("127.0.0.1", "localhost", "::1", None):
-            calls.append(("getaddrinfo", (host,)))
-            raise socket.gaierror(f"the test resolves no names ({host})")
-        return real_getaddrinfo(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     return calls
 
 
@@ -117,16 +108,19 @@ def test_no_ui_route_fetches_a_url_or_reads_a_server_path(tiny_index_pair, servi
             data[pos] = _file(bad)
             nested = [{"deep": [[{"x": _file(bad)}]]}] + [None] * (n - 1)  # anywhere in the payload
             bodies = {f"/ui/gradio_api/call/{api}": {"data": data},
-                      f"/ui/gradio_api/run/{api}": {"data": data},
-                      f"/ui/gradio_api/api/{api}": {"data": data},
                       "/ui/gradio_api/queue/join": {"data": nested, "fn_index": fn, "session_hash": "s1",
-                                                    "event_data": {"value": _file(bad)}},
-                      f"/ui/gradio_api/call/v2/{api}": {"data": data},
-                      "/ui/gradio_api/component_server": {"data": _file(bad), "component_id": 1,
-                                                          "session_hash": "s1", "fn_name": "x"}}
+                                                    "event_data": {"value": _file(bad)}}}
             for route, body in bodies.items():
                 r = c.post(route, json=body)
                 assert r.status_code == 400 and r.json()["error"] == "forbidden_file", (route, bad, r.text[:200])
+            # Gradio's other routes that take such payloads are not the UI's: refused before Gradio sees them
+            others = {f"/ui/gradio_api/run/{api}": {"data": data}, f"/ui/gradio_api/api/{api}": {"data": data},
+                      f"/ui/gradio_api/call/v2/{api}": {"data": data},
+                      "/ui/gradio_api/component_server": {"data": _file(bad), "component_id": 1,
+                                                          "session_hash": "s1", "fn_name": "x"}}
+            for route, body in others.items():
+                r = c.post(route, json=body)
+                assert r.status_code == 404 and r.json()["error"] == "not_found", (route, bad, r.text[:200])
         assert c.get("/api/health").status_code == 200
     assert fetches == []
 
@@ -151,7 +145,10 @@ def test_ui_uploads_keep_only_images(tiny_index_pair, service, fetches):
         assert r.status_code == 413
         assert {p for p in folder.rglob("*") if p.is_file()} == before  # nothing was kept
         r = c.post("/ui/gradio_api/upload", files={"files": ("ok.png", _png())})
-        assert r.status_code == 200 and Path(r.json()[0]).is_file() and Path(r.json()[0]).is_relative_to(folder)
+        # the answer names the file under the upload folder's alias, never the server's folder
+        shown = r.json()[0]
+        assert r.status_code == 200 and shown.startswith("@ltd-uploads/") and str(folder) not in r.text
+        assert (folder / shown.removeprefix("@ltd-uploads/")).is_file()
         # and the uploaded file is what the UI's events may name
         api, _, n, pos = _image_event(c)
         data: list = [None] * n

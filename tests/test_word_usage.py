@@ -8,9 +8,9 @@ import pytest
 from _killer import killer_script
 
 from search import SearchService, derived
+from search.attribution import split_words, without
 from search.derived import cached_arrays
 from search.embedmap import captions_with_word, images_with_word, pca_2d
-from search.explain import split_words, without
 from search.occlusion_gru import GRUOcclusion
 from search.word_usage import compare_usage, occlude_split, text_variants, usage_markdown
 
@@ -70,7 +70,7 @@ def test_shared_gru_states_equal_encoding_every_variant(svc, pool):
     (no-token words, words of two tokens, a caption past max_len, variants left with no token)."""
     import torch
 
-    from search.explain import occlusion_variants
+    from search.attribution import occlusion_variants
     from training.models.text_encoder import GRUTextEncoder, move_batch
 
     src = svc.registry.entries["bl"].model.text

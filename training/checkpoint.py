@@ -34,10 +34,10 @@ from training import __version__
 from training.config import Config, config_from_dict, load_config
 from training.data.vocab import Vocab
 from training.errors import UserError, UserFileNotFound
-from training.fsio import atomic_path, remove_stale_temps, sha256_file  # noqa: F401 (sha256_file re-exported)
+from training.fsio import atomic_path, remove_stale_temps
 from training.models.backbones import state_digest
-from training.models.clip import ClipSource
 from training.models.dual_encoder import DualEncoder, build_model
+from training.models.towers import source_from_dir, source_from_spec
 
 if TYPE_CHECKING:
     from training.prepare import TrainingData
@@ -187,13 +187,15 @@ def init_from_checkpoint(model: DualEncoder, path: str | Path) -> list[str]:
     return fresh
 
 
-def zero_shot_checkpoint(clip_path: str | Path) -> dict:
-    """The checkpoint of an untrained CLIP (both towers, its pretrained logit scale): what `ltd index`
-    writes for a CLIP folder, so the zero-shot score is one command and serves like any trained model.
-    The folder's config, tokenizer and preprocessing go in as plain data (see ``training_checkpoint``)."""
-    cfg = load_config(base={"model": {"backbone": "clip", "text_encoder": "clip", "clip_path": str(clip_path)},
+def zero_shot_checkpoint(clip_path: str | Path, text_path: str | Path | None = None) -> dict:
+    """The checkpoint of an untrained CLIP or other pretrained tower pair (``towers.py``; both towers, the
+    pretrained logit scale): what `ltd index` writes for a tower folder, so the zero-shot score is one
+    command and serves like any trained model. ``text_path``: a text tower that replaces the folder's.
+    The folders' config, tokenizer and preprocessing go in as plain data (see ``training_checkpoint``)."""
+    cfg = load_config(base={"model": {"backbone": "clip", "text_encoder": "clip", "clip_path": str(clip_path),
+                                      "clip_text_path": str(text_path or "")},
                             "train": {"name": "clip_zero_shot"}})
-    clip, vocab = ClipSource.from_dir(clip_path), Vocab.build([])
+    clip, vocab = source_from_dir(clip_path, text_path), Vocab.build([])
     model = build_model(cfg, vocab, clip=clip)
     return {"model": model.state_dict(), "excluded_prefixes": [], "config": cfg.to_dict(), "vocab": vocab.to_dict(),
             "versions": versions(), "epoch": 0, "step": 0, "best": {"rsum": None, "epoch": 0}, "target_dim": 0,
@@ -211,7 +213,7 @@ def model_from_checkpoint(ckpt: dict | str | Path, device: str | torch.device = 
     cfg.model.word_dim = int(ckpt.get("word_dim", cfg.model.word_dim))
     clip = None
     if ckpt.get("clip"):  # the CLIP's config, tokenizer and preprocessing travel in the checkpoint
-        clip = ClipSource(ckpt["clip"])
+        clip = source_from_spec(ckpt["clip"])
     model = build_model(cfg, vocab, feat_dim=ckpt.get("feat_dim"), region_dim=int(ckpt.get("region_dim", 0)),
                         target_dim=int(ckpt.get("target_dim", 0)), clip=clip)
     missing, unexpected = model.load_state_dict(ckpt["model"], strict=False)

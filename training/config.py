@@ -3,8 +3,8 @@ YAML and ``--set a.b=c`` overrides.
 
 Sections are passed around separately (``cfg.model`` to the model builder, ``cfg.loss`` to the
 objective, …), not as one global bag. Loading fails early with one line that names the key and the
-valid choices. ``load_run_config`` reads a finished run's config.yaml (``--resume``, the pipeline's
-reuse check) under today's models.
+valid choices. A saved config (a checkpoint's dict: ``config_from_dict``; a run folder's config.yaml:
+``training.config_base.load_saved``, the pipeline's reuse check) loads under today's models.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from training.models.clip_files import check_clip_config  # plain files and JSON
 
 __all__ = ["CAPTION_PRESET_PREFIX", "Config", "ConfigError", "DataConfig", "LossConfig", "ModelConfig", "OptimConfig",
            "TrainConfig", "config_from_dict", "did_you_mean", "dump_config", "list_presets", "load_config",
-           "load_run_config", "parse_override", "preset_path"]
+           "parse_override", "preset_path"]
 
 
 def _valid_shortcut(value: str) -> bool:
@@ -53,7 +53,8 @@ def _valid_shortcut(value: str) -> bool:
 
 
 class DataConfig(Section):
-    path: str = ""  # Karpathy JSON (or its folder); "" = the embedded synthetic scenes
+    path: str = ""  # Karpathy JSON (or its folder), CSV/TSV, parquet, webdataset shards; "" = the synthetic scenes
+    columns: str = ""  # CSV/parquet: image=COL,caption=COL,split=COL,metadata=A|B ("" = found by name; tables.py)
     images_root: str = ""  # "" = resolved by the reader (see training/data/karpathy.py)
     drop_missing: bool = False  # drop images listed in the JSON but missing on disk
     synthetic_images: int = 3000  # size of the synthetic dataset when path is ""
@@ -99,7 +100,8 @@ class ModelConfig(Section):
     reasoning_dropout: DropoutRate = 0.1  # tern: dropout inside the transformer layers (TERN: 0.1)
     # Caption side.
     text_encoder: C.TextEncoder = "gru"  # gru (word embeddings → bi-GRU) | sbert (fine-tuned) | tern (shared layers) | clip
-    clip_path: str = ""  # backbone/text_encoder=clip: a Hugging Face CLIP folder (training/models/clip_files.py)
+    clip_path: str = ""  # backbone/text_encoder=clip: a CLIP, SigLIP, sentence-transformers or open_clip folder (towers.py)
+    clip_text_path: str = ""  # text_encoder=clip: a text tower replacing clip_path's (sentence-transformers, M-CLIP style)
     word_embeddings: str = "glove"  # glove (packaged 6B-50d) | random | path to a GloVe .txt file
     word_dim: int = 50  # only used with word_embeddings=random
     text_hidden: int = 512  # GRU hidden size per direction
@@ -238,7 +240,3 @@ def config_from_dict(d: Mapping) -> Config:
     """A config dict as a checkpoint or config.yaml holds it (any age) → Config."""
     return load_saved(Config, d)
 
-
-def load_run_config(path: str | Path) -> Config:
-    """The config a run was trained with: ``RUN/config.yaml`` (a run folder or the file itself)."""
-    return load_saved(Config, path)

@@ -1,8 +1,8 @@
 """The one config system: typed pydantic sections loaded from YAML and ``--set a.b=c`` overrides.
 
 Retrieval training (``training/config.py``), captioning (``training/captioning/config.py``), the
-experiment grids (``app/experiment.py``) and the service settings share it: the same loader, the
-same migration of renamed keys, and the same one-line error that names the key and, for a choice,
+experiment grids (``app/experiment.py``) and the service settings share it: the same loader and
+the same one-line error that names the key and, for a choice,
 the valid values (``loss.mode='dual_loss' is not valid; choose one of: none, dual, constraint,
 replay``). Choices are ``Literal`` types on the fields; simple bounds are :func:`must` validators on
 the fields; checks across fields are the sections' ``model_validator``s.
@@ -16,7 +16,7 @@ import difflib
 from collections.abc import Callable, Iterable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args, get_origin
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, TypeAdapter, ValidationError, field_validator
@@ -47,9 +47,6 @@ class Section(BaseModel):
     (``--set train.name=2024``), and an empty YAML value (``path:``) means "" for a string."""
 
     model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, protected_namespaces=())
-    # A root config's keys that moved, old dotted key → new one (``{"model.text_hidden":
-    # "model.text.hidden"}``): old run folders, presets and --set lines keep loading.
-    RENAMED: ClassVar[dict[str, str]] = {}
 
     @field_validator("*", mode="before")
     @classmethod
@@ -180,7 +177,7 @@ def validate_as(cls: type[S], data: Any, where: str = "") -> S:
         raise ConfigError(f"{where}{error_line(e, cls)}") from None
 
 
-# ---- YAML, --set, presets, renamed keys ---------------------------------------------------------
+# ---- YAML, --set, presets ----------------------------------------------------------------------
 
 def parse_override(text: str) -> tuple[str, Any]:
     """``a.b=c`` → ("a.b", parsed YAML scalar c)."""
@@ -210,26 +207,6 @@ def merge(into: dict, new: Mapping) -> dict:
         else:
             into[k] = merge({}, v) if isinstance(v, Mapping) else v
     return into
-
-
-def rename_keys(data: Any, renamed: Mapping[str, str]) -> Any:
-    """Old dotted keys → their new place (``{"model.text_hidden": "model.text.hidden"}``), so configs
-    written before a key moved (old run folders, presets, ``--set`` lines) still load. A key given in
-    both spellings keeps the new one."""
-    if not renamed or not isinstance(data, dict):
-        return data
-    data = merge({}, data)
-    for old, new in renamed.items():
-        *parents, leaf = old.split(".")
-        holder: Any = data
-        for p in parents:
-            holder = holder.get(p) if isinstance(holder, dict) else None
-        if isinstance(holder, dict) and leaf in holder:
-            value = holder.pop(leaf)
-            moved = merge(nest(new, value), data)  # the new spelling, where given, wins
-            data.clear()
-            data.update(moved)
-    return data
 
 
 def read_yaml(path: Path) -> dict:
@@ -273,31 +250,30 @@ def config_file(path: str | Path, kind: str = "train") -> Path:
 
 def load_layers(cls: type[R], path: str | Path | None = None, overrides: Iterable[str] = (),
                 base: Mapping | None = None, *, kind: str = "train") -> R:
-    """Defaults ← ``base`` dict ← YAML file (path or preset name) ← ``--set`` overrides, each layer's
-    old key spellings renamed (``cls.RENAMED``), validated as ``cls``."""
-    renamed = cls.RENAMED
+    """Defaults ← ``base`` dict ← YAML file (path or preset name) ← ``--set`` overrides, validated as
+    ``cls``."""
     data: dict = {}
     if base:
-        merge(data, rename_keys(dict(base), renamed))
+        merge(data, base)
     if path:
-        merge(data, rename_keys(read_yaml(config_file(path, kind)), renamed))
+        merge(data, read_yaml(config_file(path, kind)))
     for ov in overrides:
-        merge(data, rename_keys(nest(*parse_override(ov)), renamed))
+        merge(data, nest(*parse_override(ov)))
     return validate_as(cls, data)
 
 
 def load_saved(cls: type[R], source: str | Path | Mapping) -> R:
     """A config saved by an earlier run (a run folder, its config.yaml, or the dict a checkpoint
-    holds) under today's models: renamed keys move to their new place, keys added since take their
-    defaults (a new option's default is, by rule, the old behaviour)."""
+    holds) under today's models: keys added since take their defaults (a new option's default is, by
+    rule, the old behaviour)."""
     if isinstance(source, Mapping):
-        return validate_as(cls, rename_keys(dict(source), cls.RENAMED))
+        return validate_as(cls, dict(source))
     p = Path(source)
     if p.is_dir():
         p = p / "config.yaml"
     if not p.is_file():
         raise ConfigError(f"no saved config: {p} does not exist")
-    return validate_as(cls, rename_keys(read_yaml(p), cls.RENAMED), where=f"{p}: ")
+    return validate_as(cls, read_yaml(p), where=f"{p}: ")
 
 
 def dump_config(cfg: BaseModel, path: str | Path) -> None:

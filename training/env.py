@@ -1,25 +1,31 @@
 """The ``LTD_*`` environment variables of the library, read here and nowhere else.
 
-Each is typed and documented once; a bad value fails with one line naming the variable. They are
-read on every call (cheap), so a test's ``monkeypatch.setenv`` and a worker's inherited environment
-both apply. The service's own variables (``LTD_MODELS``, ``LTD_API_TOKEN``, …) are the fields of
-``app/api/settings.py`` (same prefix, same system); ``data.path`` values may also name variables
-(``$LTD_DATA_DIR/dataset_flickr8k.json``), which ``training.prepare`` expands.
+One mechanism for every ``LTD_*`` variable: a pydantic-settings model with the prefix ``LTD_``. This
+one holds the library's (data, caches, progress, runtimes); the service's (``LTD_MODELS``,
+``LTD_API_TOKEN``, ``LTD_MAX_K``, …) are the fields of ``app.api.settings.Settings``, the same kind of
+model with the same prefix (tests/test_environment.py checks that nothing else reads one). Each is
+typed and documented once; a bad value fails with one line naming the variable. They are read on
+every call (cheap), so a test's ``monkeypatch.setenv`` and a worker's inherited environment both
+apply. ``data.path`` values may also name variables (``$LTD_DATA_DIR/dataset_flickr8k.json``), which
+``training.prepare`` expands.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from training.config_base import ConfigError, error_line
 
 PREFIX = "LTD_"
 
 
-class Environment(BaseModel):
+class Environment(BaseSettings):
+    """The library's ``LTD_*`` variables (an unset or empty one: the default)."""
+
+    model_config = SettingsConfigDict(env_prefix=PREFIX, env_ignore_empty=True, extra="ignore")
 
     # A Karpathy-format dataset (its JSON or the folder holding dataset_*.json): `ltd demo`'s default.
     data_dir: str = ""
@@ -35,8 +41,11 @@ class Environment(BaseModel):
     feature_dtype: Literal["auto", "float32"] = "auto"
     # Where the UI writes thumbnails it serves; "" = ui-thumbs in the cache folder (private, search/files.py).
     ui_thumbs: str = ""
+    # JPEG decoding for a model on a GPU: auto = on the device when nvImageCodec is installed
+    # (training/data/gpu_decode.py), off = in CPU worker processes.
+    gpu_decode: Literal["auto", "off"] = "auto"
 
-    @field_validator("progress", "feature_dtype", mode="before")
+    @field_validator("progress", "feature_dtype", "gpu_decode", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
@@ -44,10 +53,8 @@ class Environment(BaseModel):
 
 def environment() -> Environment:
     """The ``LTD_*`` variables now; a bad value is a one-line ConfigError naming the variable."""
-    values = {name: os.environ[PREFIX + name.upper()] for name in Environment.model_fields
-              if os.environ.get(PREFIX + name.upper())}  # unset or empty: the default
     try:
-        return Environment.model_validate(values)
+        return Environment()
     except ValidationError as e:
         name = str(e.errors()[0]["loc"][0])
         line = error_line(e, Environment)

@@ -21,7 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.data.decode_pool import ImageTransform, decode_key, decoded_batches
+from training.data.decode_pool import ImageTransform
+from training.data.gpu_decode import decode_key, image_batches, to_device, uses_gpu
+from training.data.members import ImageMember, image_sources
 from training.env import default_cache_dir
 from training.errors import Unavailable, UserFileNotFound, UserValueError
 from training.fsio import exclusive, write_json_atomic
@@ -59,11 +61,14 @@ class FeatureStore:
 
 
 def cache_key(backbone_key: dict, paths: Sequence[Path], n_views: int, transform_id: str = "",
-              draft: bool = False) -> str:
+              draft: bool = False, gpu: bool = False) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps({"backbone": backbone_key, "views": n_views, "transform": transform_id, **decode_key(draft)},
+    h.update(json.dumps({"backbone": backbone_key, "views": n_views, "transform": transform_id, **decode_key(draft, gpu)},
                         sort_keys=True).encode())
     for p in paths:
+        if isinstance(p, ImageMember):  # an image inside a shard
+            h.update(f"{p.cache_id()}\n".encode())
+            continue
         try:
             size = os.path.getsize(p)
         except OSError:
@@ -91,8 +96,8 @@ def extract_features(
     ``draft``: decode large JPEGs at a reduced scale (``decode_pool``; its own cache entry)."""
     if n_views not in (1, 2, 10):
         raise ValueError(f"n_views must be 1, 2 or 10, got {n_views}")
-    paths = [Path(p) for p in paths]
-    key = cache_key(backbone.cache_key(), paths, n_views, transform_id, draft)
+    paths = image_sources(paths)
+    key = cache_key(backbone.cache_key(), paths, n_views, transform_id, draft, uses_gpu(device, transform))
     root = default_cache_dir(str(cache_dir)) / "features" / key
     root.mkdir(parents=True, exist_ok=True)
     with exclusive(root / ".lock", f"the features in {root}"):
@@ -124,7 +129,8 @@ def _extract_into(root: Path, backbone: Backbone, paths: list[Path], n_views: in
         feats.flush(), status.flush()
         os.replace(fpath.with_suffix(".tmp.npy"), fpath)
         os.replace(spath.with_suffix(".tmp.npy"), spath)
-        write_json_atomic(root / "meta.json", {"backbone": backbone.cache_key(), "views": n_views, **decode_key(draft),
+        write_json_atomic(root / "meta.json", {"backbone": backbone.cache_key(), "views": n_views,
+                                               **decode_key(draft, uses_gpu(device, transform)),
                                                "transform": transform_id, "n_images": n, "dim": dim})
     failed_path = root / "failed.json"
     failed = {int(k): v for k, v in json.loads(failed_path.read_text()).items()} if failed_path.exists() else {}
@@ -134,12 +140,12 @@ def _extract_into(root: Path, backbone: Backbone, paths: list[Path], n_views: in
             log.info("resuming feature extraction: %d of %d images left", len(todo), n)
         device = torch.device(device)
         backbone.to(device).eval()
-        batches = decoded_batches(paths, todo, backbone.preprocess, n_views=n_views, batch_size=batch_size,
-                                  workers=workers, transform=transform, draft=draft)
+        batches = image_batches(paths, todo, backbone.preprocess, device=device, n_views=n_views,
+                                batch_size=batch_size, workers=workers, transform=transform, draft=draft)
         bar = progress(n, initial=n - len(todo), desc=desc, unit="img", disable=not show_progress)
         for idx, x, bad in batches:
             if x is not None:
-                out = backbone.extract(x.to(device)).reshape(len(idx), n_views, -1)
+                out = backbone.extract(to_device(x, device)).reshape(len(idx), n_views, -1)
                 feats[idx] = out.cpu().numpy().astype(np.float16)
                 status[idx] = DONE
             for i, err in bad:
@@ -185,7 +191,7 @@ def load_precomputed(path: str | Path, image_ids: Sequence[int], filenames: Sequ
 def lookup_features(backbone: Backbone, paths: Sequence[Path], *, cache_dir: str | Path = "", n_views: int = 1,
                     transform_id: str = "", draft: bool = False) -> FeatureStore | None:
     """The cached features for exactly these paths if extraction finished, else None (no work done)."""
-    key = cache_key(backbone.cache_key(), [Path(p) for p in paths], n_views, transform_id, draft)
+    key = cache_key(backbone.cache_key(), image_sources(paths), n_views, transform_id, draft)
     root = default_cache_dir(str(cache_dir)) / "features" / key
     if not (root / "status.npy").is_file():
         return None

@@ -6,6 +6,9 @@ so the rename itself survives a power cut. A process killed at any point leaves 
 or the new one, plus at most an orphaned temporary that the next write to the same folder removes
 (``remove_stale_temps``: only temporaries whose writing process is gone).
 
+Private folders (``private_folder``: 0700, this user's, not a link, writable by nobody else) hold what
+must not be planted by another local user: the UI's uploads and thumbnails, exported engine files.
+
 This module sits at the bottom of the import graph (``training``), so every layer can use it.
 """
 from __future__ import annotations
@@ -18,6 +21,8 @@ import logging
 import os
 import re
 import shutil
+import stat
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,12 +70,40 @@ def remove_stale_temps(folder: str | Path) -> list[Path]:
     return removed
 
 
+def private_folder(path: str | Path) -> Path:
+    """``path`` as a folder only this user can use: created 0700 (parents too); an existing one must
+    be a real folder (not a link) owned by this user that nobody else can write to (its read bits
+    for others are then removed). PermissionError otherwise."""
+    path = Path(path).absolute()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise PermissionError(f"{path} is not a private folder of this user (a link, someone else's, or writable "
+                              "by others); remove it or name another")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def private_folder_or_temp(preferred: str | Path, prefix: str) -> Path:
+    """``preferred`` made private, or (when it cannot be) a fresh private temporary folder."""
+    try:
+        return private_folder(preferred)
+    except OSError as e:
+        folder = Path(tempfile.mkdtemp(prefix=prefix))  # 0700, a random name
+        logging.getLogger(__name__).warning("%s; using %s instead", e, folder)
+        return folder
+
+
 def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
+    """The hex sha256 of a file's bytes, read now (no cache: a file rewritten in place gets its new digest).
+    The one file digest of the project: manifests, checkpoints, weights, judges."""
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def fsync_dir(folder: str | Path) -> None:

@@ -15,7 +15,8 @@ import torch
 
 from training.config import Config, ConfigError
 from training.data.decode_pool import ImageTransform
-from training.data.karpathy import Dataset, DatasetError, Split, labelled_mask, load_karpathy, tokenize
+from training.data.formats import read_dataset
+from training.data.karpathy import Dataset, DatasetError, Split, labelled_mask, tokenize
 from training.data.shortcuts import apply_shortcuts
 from training.data.synthetic import generate_synthetic
 from training.data.vocab import Vocab
@@ -26,6 +27,7 @@ from training.models.backbones import Backbone, build_backbone
 from training.models.clip import ClipSource
 from training.models.clip_files import uses_clip
 from training.models.glove import glove_matrix
+from training.models.towers import source_from_dir
 from training.regions import read_precomputed
 from training.targets import compute_targets, model_identity, resolve_sentence_model
 
@@ -34,8 +36,8 @@ log = logging.getLogger(__name__)
 
 def resolve_dataset_path(path: str, *, cache_dir: str = "", synthetic_images: int = 3000, synthetic_seed: int = 0,
                          show_progress: bool = True) -> Path:
-    """``data.path`` → a Karpathy JSON. ``$VARS`` are expanded; a folder means its dataset_*.json;
-    "" or "synthetic" means the embedded synthetic scenes (generated into the cache on first use)."""
+    """``data.path`` → a dataset path (``training/data/formats.py``). ``$VARS`` are expanded; "" or
+    "synthetic" means the embedded synthetic scenes (generated into the cache on first use)."""
     if path in ("", "synthetic"):
         out = default_cache_dir(cache_dir) / "synthetic" / f"n{synthetic_images}_s{synthetic_seed}"
         return generate_synthetic(out, n_images=synthetic_images, seed=synthetic_seed, show_progress=show_progress)
@@ -49,7 +51,7 @@ def load_dataset(cfg: Config, show_progress: bool = True) -> Dataset:
     d = cfg.data
     p = resolve_dataset_path(d.path, cache_dir=d.cache_dir, synthetic_images=d.synthetic_images,
                              synthetic_seed=d.synthetic_seed, show_progress=show_progress)
-    return load_karpathy(p, images_root=d.images_root or None, drop_missing=d.drop_missing)
+    return read_dataset(p, images_root=d.images_root or None, drop_missing=d.drop_missing, columns=d.columns)
 
 
 @dataclass
@@ -119,7 +121,7 @@ def prepare(cfg: Config, *, show_progress: bool = True, device: str = "cpu") -> 
     m = cfg.model
     clip, backbone = None, None
     if uses_clip(m):
-        clip = ClipSource.from_dir(m.clip_path)
+        clip = source_from_dir(m.clip_path, m.clip_text_path or None)
     if m.backbone == "clip":
         backbone = clip.image_backbone()
     elif m.backbone != "precomputed":

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,18 +20,12 @@ import torch
 from training.env import default_cache_dir
 from training.errors import UserFileNotFound, UserValueError
 from training.fsio import exclusive, save_npy_atomic
+from training.hf_env import set_hf_environment
 from training.models.backbones import cpu_bf16_fast
 from training.packaged_models import GLOVE_MEAN, MPNET_ALIASES, glove_mean_path, mpnet_path
 from training.progress import bars
 
 log = logging.getLogger(__name__)
-
-
-def offline() -> None:
-    """Make Hugging Face libraries fail instead of downloading."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def resolve_sentence_model(path: str = "") -> Path:
@@ -58,7 +51,7 @@ def model_identity(path: Path) -> dict:
 
 
 def load_sentence_model(path: str = "", device: str = "cpu"):
-    offline()  # before the import: lazy, since sentence_transformers takes ~5 s to import (it loads transformers)
+    set_hf_environment()  # before the import: lazy, since sentence_transformers takes ~5 s to import (it loads transformers)
     from sentence_transformers import SentenceTransformer
     from transformers.utils import logging as hf_logging
 

@@ -38,11 +38,13 @@ def guarded(fn: Callable[..., str]) -> Callable[..., str]:
 
 
 def parse_k(k: Any, default: int = 10) -> int:
+    """A dropdown's or a shared link's k as an int of at least 1 (``default`` when it is not a number); the
+    service refuses one above its ``max_k`` with a message, so the limit is checked in one place."""
     try:
         k = int(k)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return default
-    return max(1, min(k, 1000))
+    return max(1, k)
 
 
 def parse_id(value: Any, what: str) -> int | None:

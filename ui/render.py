@@ -12,6 +12,7 @@ import io
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
 from search import SearchError, SearchResult, SearchService
@@ -59,6 +60,18 @@ MARK = "ᴹ"
 MARK_MEANS = "ᴹ: its captions or LTD targets come from a sentence model trained on Flickr30k/COCO captions"
 
 
+def live_counts(service: SearchService, name: str, counts: dict) -> dict:
+    """``counts`` (the manifest's) with the images and captions model ``name`` serves now: a living index
+    grows and shrinks after its manifest was written."""
+    e = service.registry.get(name)
+    out = dict(counts)
+    for key, side in (("images", e.index.images), ("captions", e.index.captions)):
+        n = len(side.meta["ids"])
+        dead = getattr(side.index, "dead", None)
+        out[key] = n - int(np.count_nonzero(dead[:n])) if dead is not None else n
+    return out
+
+
 def model_label(service: SearchService, name: str) -> dict:
     """Short facts about a model for the header and the training tab (needs a ready service)."""
     info = service.model_info(name)
@@ -76,7 +89,7 @@ def model_label(service: SearchService, name: str) -> dict:
     if info.caption_corpora:  # its captions or LTD targets come from a model trained on Flickr30k/COCO captions
         kind += MARK
     return {"name": name, "kind": kind, "detail": detail, "loss": loss, "rsum": ev.get("rsum"),
-            "dataset": info.dataset, "split": info.split, "counts": info.counts or {},
+            "dataset": info.dataset, "split": info.split, "counts": live_counts(service, name, info.counts or {}),
             "image_search": info.image_search, "ground_truth": info.ground_truth}
 
 
@@ -170,8 +183,40 @@ def metrics_html(res: SearchResult, other: SearchResult | None = None) -> str:
 ONLY_TIP = "only this model retrieved it: not in the other model's top-k"
 
 
-def image_grid_html(res: SearchResult, thumbs: ThumbSrc, shared: set[int] | None = None, size: int = 256) -> str:
-    """Thumbnail cards; with ``shared`` (ids both models retrieved) the others get a ◆ marker."""
+ACTIONS_JS = """element.addEventListener('click', (ev) => {
+  const b = ev.target.closest('.ltd-act[data-act]');
+  if (!b) return;
+  ev.preventDefault();
+  ev.stopPropagation();
+  const d = {iid: b.dataset.iid, model: b.dataset.model};
+  if (b.dataset.act === 'remove') {
+    if (!window.confirm('Remove image #' + d.iid + ' from model ' + d.model + '? It leaves every answer at once.')) return;
+    trigger('unindex', d);
+  } else if (b.dataset.act === 'similar') {
+    trigger('similar', d);
+  }
+});"""
+"""js_on_load of an HTML component showing result cards: a card's "more like this" fires the component's
+``similar`` event and its "remove" (after the browser's confirmation) ``unindex``, with {iid, model}."""
+
+ACTION_LABELS = {"similar": ("≈ More like this", "images like this one"),
+                 "remove": ("✕ Remove", "remove this image from the index")}
+
+
+def actions_html(image_id: int, model: str, actions: tuple[str, ...]) -> str:
+    """A card's buttons (``similar``, ``remove``), read by ``ACTIONS_JS``."""
+    if not actions:
+        return ""
+    buttons = "".join(f'<button type="button" class="ltd-act ltd-act-{a}" data-act="{a}" data-iid="{int(image_id)}" '
+                      f'data-model="{esc(model)}" title="{esc(ACTION_LABELS[a][1])}">{esc(ACTION_LABELS[a][0])}</button>'
+                      for a in actions if a in ACTION_LABELS)
+    return f'<div class="ltd-acts">{buttons}</div>'
+
+
+def image_grid_html(res: SearchResult, thumbs: ThumbSrc, shared: set[int] | None = None, size: int = 256,
+                    actions: tuple[str, ...] = ()) -> str:
+    """Thumbnail cards; with ``shared`` (ids both models retrieved) the others get a ◆ marker; ``actions``:
+    the buttons of each card (``similar``: "more like this", ``remove``)."""
     if not res.hits:
         return notice("no results", "warn")
     cards = []
@@ -187,7 +232,7 @@ def image_grid_html(res: SearchResult, thumbs: ThumbSrc, shared: set[int] | None
             f'<div class="ltd-thumb"><img loading="lazy" decoding="async" src="{esc(thumbs(h.id, res.model, size))}" '
             f'alt="{esc(h.filename or h.id)}">{badge}<span class="ltd-rank">{h.rank}</span>{mark}</div>'
             f'<figcaption><span class="ltd-id">#{h.id}</span><span class="ltd-score">{h.score:.3f}</span></figcaption>'
-            f"</figure>")
+            f"{actions_html(h.id, res.model, actions)}</figure>")
     return f'<div class="ltd-grid">{"".join(cards)}</div>'
 
 
@@ -270,8 +315,13 @@ def legend_html(direction: str, has_gt: bool) -> str:
             f'<span class="ltd-key miss"><span class="ltd-badge">✗</span>not a match</span></div>')
 
 
-def result_html(query: str, res: Any, direction: str, ranking: str) -> str:
-    """One search result: the query, a bar with metrics / legend / timing, then the ranking."""
+SLICE_METRICS = ('<span class="ltd-muted" title="1st GT rank, P@n and nDCG@n rank the ground truth among the items '
+                 'the filter keeps, as the ranking shown does">metrics: within the filter</span>')
+"""The note beside a filtered result's metric chips: the service computes them among the filtered items."""
+
+
+def result_html(query: str, res: Any, direction: str, ranking: str, note: str = "") -> str:
+    """One search result: the query, a bar with metrics / legend / timing (and ``note``), then the ranking."""
     return (f'<div class="ltd-result">{query}'
             f'<div class="ltd-bar">{metrics_html(res)}{legend_html(direction, res.metrics is not None)}'
-            f'{_timing(res)}</div>{ranking}</div>')
+            f'{note}{_timing(res)}</div>{ranking}</div>')

@@ -13,9 +13,12 @@ HTTP protocol (httptools when installed, else h11) and adds, per worker process:
   which the server itself stopped reading (backpressure) does not count. Else 408 and close.
 - **Send deadline**: a response the client does not read for ``send_timeout`` seconds is dropped.
 - **Connection cap** below the descriptor limit (the soft RLIMIT_NOFILE less what the process holds at
-  start and a reserve of max(64, 1/8)): a connection over the cap evicts the oldest that is idle or
-  still sending headers; when there is none, the new one gets 503 and is closed. ``accept`` never
-  meets EMFILE, and a real client (``/api/health``) always gets a slot.
+  start and a reserve of max(64, 1/8)): a connection over the cap evicts the oldest that is idle, still
+  sending headers, or sending a body behind the minimum rate (more than ``SLOW_GRACE`` seconds behind
+  ``min_body_rate``: 700 bodies of one byte every 4 s, to /login with no token, held every slot for the
+  whole body deadline); when there is none, the new one gets 503 and is closed. ``accept`` never
+  meets EMFILE, and a real client (``/api/health``) always gets a slot. (Long-lived answers, the UI's
+  event streams, have caps of their own: app/api/streams.py.)
 - Descriptor exhaustion from elsewhere is logged once per ``QUIET_SECONDS``, with a count.
 
 One timer per process checks every connection once a second. uvloop, httptools, several workers:
@@ -38,6 +41,7 @@ log = logging.getLogger(__name__)
 
 TICK = 1.0
 QUIET_SECONDS = 10.0
+SLOW_GRACE = 1.0  # seconds a body may lag behind min_body_rate before it can be evicted under pressure
 _408 = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 _503 = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\nRetry-After: 1\r\n\r\n"
 
@@ -125,7 +129,7 @@ class _Shedder:
             if excess <= 0:
                 break
             if victim is not new and victim not in self.closing and victim.ltd_evictable():
-                victim.ltd_close(_503, "evicted")
+                victim.ltd_close(_503 if victim._between_requests() else _408, "evicted")
                 excess -= 1
         return excess <= 0
 
@@ -182,10 +186,21 @@ class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         return self.cycle is None or self.cycle.response_complete
 
     def ltd_evictable(self) -> bool:
-        """Idle between requests, or still sending a request's headers: nothing of the app's is lost."""
-        return self._between_requests() and not self.transport.is_closing()
+        """Idle between requests, still sending a request's headers (nothing of the app's is lost), or
+        sending a body more than SLOW_GRACE seconds behind the minimum rate (its request would time out)."""
+        if self.transport.is_closing():
+            return False
+        if self._between_requests():
+            return True
+        cycle = self.cycle
+        if not cycle.more_body or cycle.disconnected or cycle.response_started:
+            return False
+        waited = self.ltd_waited + (0.0 if self.flow.read_paused else time.monotonic() - self.ltd_last)
+        return waited - self.ltd_received / self.ltd_limits.min_body_rate > SLOW_GRACE
 
     def ltd_close(self, answer: bytes, why: str) -> None:
+        """Write ``answer`` (raw HTTP bytes; ``b""`` for none) and close, counted under ``why`` in the report
+        of connections shed; nothing when the connection is already closing."""
         if self.transport.is_closing():
             return
         self.ltd_shedder.count(why)
@@ -198,6 +213,8 @@ class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
 
     # ---- uvicorn's protocol interface ---------------------------------------------------------------------
     def connection_made(self, transport) -> None:  # type: ignore[override]
+        """Sets TCP_NODELAY (on TCP sockets), starts the header clock and arms the check; a connection over
+        the cap that no other one can make room for is answered 503 and closed."""
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -211,10 +228,13 @@ class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         self.ltd_shedder.arm()
 
     def connection_lost(self, exc) -> None:
+        """Forgets the connection in the shedder, then lets uvicorn's protocol clean up."""
         self.ltd_shedder.gone(self)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        """Passes ``data`` to uvicorn's parser, then starts a new request's body clock (headers complete), the
+        header clock (a kept-alive connection's next request), or counts the body bytes received."""
         before = self.cycle  # the hot path: one clock read per request, none per body chunk
         idle = (before is None or before.response_complete) and self.timeout_keep_alive_task is not None
         super().data_received(data)
@@ -232,6 +252,8 @@ class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
 
     # ---- the once-a-second check ---------------------------------------------------------------------
     def ltd_check(self, now: float) -> None:
+        """The once-a-second check (``now``: monotonic seconds): 408 and close past the header or body
+        deadline; a response the client has not read for ``send_timeout`` seconds is dropped."""
         if self.transport is None or self.transport.is_closing():
             return
         lim, cycle = self.ltd_limits, self.cycle

@@ -13,11 +13,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from search.errors import (
     BadRequest,
     Busy,
+    Conflict,
+    Forbidden,
     NotFound,
     NotReady,
     SearchError,
@@ -33,6 +36,9 @@ ERROR_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 
 
 
 def error_body(status: int, detail: str, error: str | None = None, **extra) -> dict:
+    """The JSON body of every error answer: ``{"error": code, "detail": text, ...extra}``; ``error``
+    defaults to the status's code (``not_found`` for 404) and ``extra`` keys whose value is None are left
+    out."""
     if error is None:
         error = ERROR_CODES.get(status) or HTTPStatus(status).phrase.lower().replace(" ", "_").replace("-", "_")
     return {"error": error, "detail": detail, **{k: v for k, v in extra.items() if v is not None}}
@@ -40,10 +46,13 @@ def error_body(status: int, detail: str, error: str | None = None, **extra) -> d
 # The search service's errors → (HTTP status, error code).
 SEARCH_ERRORS: dict[type[SearchError], tuple[int, str]] = {
     BadRequest: (400, "bad_request"), NotFound: (404, "not_found"), NotReady: (503, "not_ready"),
-    Busy: (503, "busy"), Unsupported: (422, "unsupported"), UnsupportedMediaType: (415, "unsupported_media_type")}
+    Busy: (503, "busy"), Unsupported: (422, "unsupported"), UnsupportedMediaType: (415, "unsupported_media_type"),
+    Forbidden: (403, "forbidden"), Conflict: (409, "conflict")}
 
 
 def status_of(exc: SearchError) -> tuple[int, str]:
+    """The (HTTP status, error code) of a service error, by its most specific class (400 bad_request for
+    an unlisted one)."""
     for cls in type(exc).__mro__:
         if cls in SEARCH_ERRORS:
             return SEARCH_ERRORS[cls]
@@ -59,6 +68,8 @@ def _issues(errors: list) -> list[dict]:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    """Answer every service error, HTTP error and validation error of ``app`` with ``error_body`` JSON
+    (no tracebacks, no server paths); a validation error lists each issue."""
     @app.exception_handler(SearchError)
     async def _search_error(request: Request, exc: SearchError) -> JSONResponse:
         status, code = status_of(exc)
@@ -66,8 +77,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            allowed = allowed_methods(app, request.scope)
+            if allowed:  # Starlette names only the first route's methods; a path can have several routes
+                headers["Allow"] = ", ".join(sorted(allowed))
         return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+                            headers=headers or None)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -80,6 +96,16 @@ def install_error_handlers(app: FastAPI) -> None:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return JSONResponse(error_body(500, f"internal server error ({type(exc).__name__}); see the server log"),
                             status_code=500)
+
+
+def allowed_methods(app: FastAPI, scope: Scope) -> set[str]:
+    """Every method some route of ``app`` answers on this request's path (the ``Allow`` of a 405)."""
+    out: set[str] = set()
+    for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"):
+        probe = {**scope, "method": method}  # routes nest (included routers): ask each whether it fully matches
+        if any(route.matches(probe)[0] == Match.FULL for route in app.router.routes):
+            out.add(method)
+    return out
 
 
 CLIENT_CLOSED = 499

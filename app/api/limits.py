@@ -11,6 +11,7 @@ the limit.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from fastapi.responses import JSONResponse
@@ -112,15 +113,25 @@ class BodyLimitMiddleware:
 
 
 def is_multipart(content_type: bytes) -> bool:
+    """Whether a Content-Type header value is ``multipart/form-data`` (its parameters, the boundary, ignored)."""
     return content_type.split(b";", 1)[0].strip().lower() == b"multipart/form-data"
 
 
+ADD_PATH = re.compile(r"/api/models/[^/]+/items")  # a multipart add of several images
+
+
 def body_limits(settings: Settings) -> Callable[[str, bytes], int | None]:
+    """The ``limit_for(path, content_type)`` of ``BodyLimitMiddleware``, in bytes (module doc): multipart
+    uploads and adds get their file limit plus ``MULTIPART_OVERHEAD``, the UI its JSON limit, the rest
+    ``max_json_bytes``; never None."""
     upload = settings.max_upload_bytes + MULTIPART_OVERHEAD
+    add = settings.max_add_bytes + MULTIPART_OVERHEAD
 
     def limit_for(path: str, content_type: bytes = b"") -> int | None:
         if path in UPLOAD_PATHS and is_multipart(content_type):
             return upload  # Gradio's upload route also checks each file against max_file_size
+        if ADD_PATH.fullmatch(path) and is_multipart(content_type):
+            return add
         if path == "/ui" or path.startswith("/ui/"):
             return settings.max_ui_json_bytes  # the UI's queue and API calls: component values, no files
         return settings.max_json_bytes

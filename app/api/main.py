@@ -9,8 +9,9 @@
   and while they are read (app/api/limits.py); Host checks, the optional token and the Gradio
   routes this UI does not use are handled by app/api/security.py.
 - /metrics serves Prometheus counters and latency histograms (app/api/prom.py).
-- The Gradio UI is mounted at /ui when ``settings.ui``: ``ui.app.build_ui`` gets the two services,
-  the limits it must enforce and how to reach thumbnails; it never calls the REST API over HTTP.
+- The Gradio UI is mounted at /ui when ``settings.ui``: ``ui.app.build_ui`` gets the two services
+  (whose config holds the limits it must enforce) and how to reach thumbnails; it never calls the
+  REST API over HTTP.
 """
 from __future__ import annotations
 
@@ -29,16 +30,21 @@ import torch
 from fastapi import FastAPI
 
 from app.api.errors import ClientGoneMiddleware, install_error_handlers
+from app.api.fields import apply_limits
 from app.api.limits import BodyLimitMiddleware, body_limits
+from app.api.login import FailureLimiter
 from app.api.prom import PrometheusMiddleware, Registry
-from app.api.routers import caption, deps, docs, explain, health, media, metrics, search
+from app.api.routers import caption, deps, docs, explain, health, items, media, metrics, queries, search
 from app.api.security import AccessMiddleware
 from app.api.settings import Settings, load_settings
-from app.api.ui_guard import UIGuardMiddleware, UploadCache
+from app.api.streams import StreamLimitMiddleware, StreamLimits
+from app.api.ui_guard import MAX_FILES_PER_UPLOAD, UIGuardMiddleware, UploadCache
+from app.api.ui_paths import PathAliases
+from app.api.ui_values import UICalls
 from indexer.index import read_manifest, resolve_checkpoint
 from search import CaptionService, SearchService
-from search.files import private_folder, private_folder_or_temp
 from training.features import default_cache_dir
+from training.fsio import private_folder, private_folder_or_temp
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +83,9 @@ def freeze_when_loaded(service: SearchService) -> None:
 
 @asynccontextmanager
 async def lifespan(app: FastAPI):
+    """Load the models when the app starts (in a background thread with ``load_in_background``, else
+    before the first request: a start-up without any loadable model fails), and at shutdown wait for a
+    load in progress and close the service if the app built it."""
     svc: SearchService = app.state.service
     models = svc.registry
     if not models.ready.is_set():
@@ -84,6 +93,8 @@ async def lifespan(app: FastAPI):
             models.start_loading()
         else:
             await anyio.to_thread.run_sync(models.load)  # when no model loads, the start-up fails
+    if app.state.owns_service and svc.config.watch_seconds > 0:
+        models.watch(svc.config.watch_seconds)  # other processes' writes and new generations (search/registry.py)
     try:
         yield
     finally:
@@ -102,12 +113,11 @@ def _mount_ui(app: FastAPI, service: SearchService, captions: CaptionService, se
     # servers (ui=false) and the tests' apps never need it
     import gradio as gr
 
-    from ui.app import UILimits, build_ui
+    from ui.app import build_ui
     from ui.theme import CSS, THEME
 
-    limits = UILimits(max_upload_bytes=settings.max_upload_bytes, max_query_chars=settings.max_query_chars)
     ui_upload_folder()  # before the Blocks exist: each component records Gradio's folder when built
-    blocks = build_ui(service, captions, limits=limits, thumb_url=deps.thumbnail_url)
+    blocks = build_ui(service, captions, thumb_url=deps.thumbnail_url, writes=page_writes(settings))  # limits: the config
     gr.mount_gradio_app(app, blocks, path="/ui", theme=THEME, css=CSS, max_file_size=settings.max_upload_bytes,
                         blocked_paths=_private_paths(settings), run_history=False, enable_monitoring=False,
                         allowed_paths=[str(service.thumbnails.private_folder())],  # gallery thumbnails
@@ -116,11 +126,18 @@ def _mount_ui(app: FastAPI, service: SearchService, captions: CaptionService, se
     # as an input was uploaded through the UI only for launched Blocks: without this, any client could
     # name any file on the server as an "image" and have it copied into Gradio's cache and served.
     blocks.has_launched = True
+    app.state.ui_calls = UICalls.of(blocks)  # the events the UI guard lets scripts and the page call
     app.state.ui_mounted = True
 
 
+def page_writes(settings: Settings) -> bool:
+    """Whether the UI's page may add and remove items: the server is writable and its writes need no token
+    (a write token is for REST clients; the page, reached with the read token or none, never has it)."""
+    return settings.writable and settings.write_token is None
+
+
 def ui_upload_folder() -> Path:
-    """Gradio's upload folder, private to this user (search/files.py): ``$GRADIO_TEMP_DIR`` when set
+    """Gradio's upload folder, private to this user (training/fsio.py): ``$GRADIO_TEMP_DIR`` when set
     (PermissionError when it is not private), else ``ui-uploads`` in the cache folder (or a private
     temporary folder), exported as ``$GRADIO_TEMP_DIR`` for Gradio and the worker processes. Gradio's
     default, ``$TMPDIR/gradio``, is shared and predictable."""
@@ -131,11 +148,15 @@ def ui_upload_folder() -> Path:
     return folder
 
 
-def _ui_guard(app: FastAPI, settings: Settings) -> None:
+def _ui_guard(app: FastAPI, settings: Settings, service: SearchService) -> None:
     folder = ui_upload_folder()
     cache = UploadCache(folder, max_bytes=settings.ui_cache_bytes, max_age=settings.ui_cache_seconds,
                         max_files=settings.ui_cache_files)
-    app.add_middleware(UIGuardMiddleware, upload_dir=folder, cache=cache)
+    aliases = PathAliases({"uploads": folder, "thumbs": service.thumbnails.private_folder()})
+    app.add_middleware(UIGuardMiddleware, upload_dir=folder, cache=cache, aliases=aliases,
+                       calls=lambda: getattr(app.state, "ui_calls", None),
+                       max_files=max(MAX_FILES_PER_UPLOAD, settings.max_items_per_add) if page_writes(settings)
+                       else MAX_FILES_PER_UPLOAD)
 
 
 def _private_paths(settings: Settings) -> list[str]:
@@ -170,12 +191,39 @@ def _enumerate_models(node: object, names: list[str]) -> None:
             _enumerate_models(v, names)
 
 
+def hoist_defs(schema: dict) -> None:
+    """Move the ``$defs`` of schemas embedded in the document (a route's ``openapi_extra``: pydantic's own
+    JSON schema of a body model) into ``components/schemas`` and point their ``$ref``s there: a
+    ``#/$defs/X`` reference means the document's root, where ReDoc and other viewers fail to find it."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+
+    def walk(node):
+        if isinstance(node, dict):
+            for name, sub in (node.pop("$defs", None) or {}).items():
+                walk(sub)
+                if components.get(name, sub) != sub:
+                    raise ValueError(f"two different schemas named {name} in the OpenAPI document")
+                components[name] = sub
+            for key, value in node.items():
+                if isinstance(value, str) and value.startswith("#/$defs/"):
+                    node[key] = "#/components/schemas/" + value[len("#/$defs/"):]
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(schema.get("paths", {}))
+
+
 def _install_openapi(app: FastAPI) -> None:
     generate = app.openapi
 
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = copy.deepcopy(generate())  # the parts from openapi_extra are shared module constants
+            hoist_defs(schema)  # nested models of hand-documented bodies: into components, where viewers look
+            apply_limits(schema, app.state.settings)  # k and query limits: this server's, not the defaults
             _enumerate_models(schema, list(app.state.service.registry.names))
             app.openapi_schema = schema
         return app.openapi_schema
@@ -208,12 +256,17 @@ def create_app(settings: Settings | None = None, service: SearchService | None =
     app.state.metrics = registry
     install_error_handlers(app)
     if settings.ui:
-        _ui_guard(app, settings)  # innermost: sees only bodies already capped and authorised
+        _ui_guard(app, settings, service)  # innermost: sees only bodies already capped and authorised
+        app.add_middleware(StreamLimitMiddleware, limits=StreamLimits(
+            max_streams=settings.max_streams, max_streams_per_client=settings.max_streams_per_client,
+            idle_seconds=settings.stream_idle_seconds, max_seconds=settings.stream_max_seconds))
     app.add_middleware(ClientGoneMiddleware)  # sees the Gradio mount's errors too
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limits(settings))
     token = settings.api_token.get_secret_value() if settings.api_token else None
-    app.add_middleware(AccessMiddleware, token=token, allowed_hosts=settings.allowed_hosts,
-                       session_seconds=settings.session_seconds)
+    write_token = settings.write_token.get_secret_value() if settings.write_token else None
+    app.add_middleware(AccessMiddleware, token=token, write_token=write_token, allowed_hosts=settings.allowed_hosts,
+                       session_seconds=settings.session_seconds,
+                       limiter=FailureLimiter(max_failures=-(-settings.max_wrong_tokens // settings.workers)))
     app.add_middleware(PrometheusMiddleware, registry=registry,  # outermost: times everything, 413s included
                        fixed_paths=[app.openapi_url, "/docs", "/redoc"],
                        prefixes=[docs.ASSETS, *(["/ui"] if settings.ui else [])])
@@ -222,6 +275,8 @@ def create_app(settings: Settings | None = None, service: SearchService | None =
     app.include_router(media.router)
     app.include_router(caption.router)
     app.include_router(explain.router)
+    app.include_router(queries.router)
+    app.include_router(items.router)
     app.include_router(metrics.router)
     docs.mount(app)
     _install_openapi(app)

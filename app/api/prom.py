@@ -1,94 +1,80 @@
-"""Prometheus metrics without a dependency: a pure-ASGI middleware that counts requests by method,
-route template and status, and times them into a latency histogram by route; ``render`` writes the
-text exposition format (version 0.0.4) served at GET /metrics.
+"""Prometheus metrics on ``prometheus_client``: a pure-ASGI middleware that counts requests by method,
+route template and status and times them into a latency histogram by route, in a registry of the app's
+own (several apps in one process, as in the tests, do not share counts); ``render`` writes the text
+exposition format 0.0.4 served at GET /metrics.
 
 Routes are labelled by their template (``/api/images/{image_id}``), never the raw path, so label
-cardinality stays bounded; paths that match no route share the label ``<unmatched>``.
+cardinality stays bounded; paths that match no route share the label ``<unmatched>``. A request whose
+client went away before any answer was sent (an abandoned upload, a UI body never finished) is
+counted as 499, nginx's "client closed request", not as a 500.
 """
 from __future__ import annotations
 
-import bisect
-import threading
 import time
 from collections.abc import Callable, Iterable
 
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 # Seconds; tuned for a search API whose answers take milliseconds (uploads take ~0.1 s).
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 UNMATCHED = "<unmatched>"
+CLIENT_CLOSED = 499
+prometheus_client.disable_created_metrics()  # no *_created series: nothing here reads them
+
+Samples = Callable[[], Iterable[tuple[dict, float]]]
 
 
-def _escape(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class _Gauges:
+    """Values read at scrape time from the service (models loaded, cache counters, runtimes)."""
 
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.fns: dict[str, tuple[str, str, Samples]] = {}
 
-def _labels(**kv: str) -> str:
-    return ",".join(f'{k}="{_escape(str(v))}"' for k, v in kv.items())
-
-
-def _num(x: float) -> str:
-    return repr(float(x)) if x != int(x) or abs(x) >= 1e15 else str(int(x))
+    def collect(self):
+        """The collectors' metric families, read now (prometheus_client calls this at every scrape)."""
+        for name, (kind, help_text, fn) in sorted(self.fns.items()):
+            rows = list(fn())
+            keys = sorted({k for labels, _ in rows for k in labels})
+            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+                f"{self.prefix}_{name}", help_text, labels=keys)
+            for labels, value in rows:
+                family.add_metric([str(labels.get(k, "")) for k in keys], value)
+            yield family
 
 
 class Registry:
-    """Request counters and latency histograms, safe to update from many threads."""
+    """The app's metrics: request counter, latency histogram, in-progress gauge and scrape-time
+    collectors. Thread-safe (prometheus_client's metrics are)."""
 
     def __init__(self, buckets: tuple[float, ...] = BUCKETS, prefix: str = "ltd"):
-        self.buckets, self.prefix = tuple(sorted(buckets)), prefix
-        self._lock = threading.Lock()
-        self._count: dict[tuple[str, str, str], int] = {}
-        self._hist: dict[tuple[str, str], list] = {}  # (method, route) → [bucket counts..., sum, count]
-        self.in_progress = 0
-        # name → (type, help, callable returning [(labels dict, value)]): gauges read at scrape time.
-        self._collectors: dict[str, tuple[str, str, Callable[[], Iterable[tuple[dict, float]]]]] = {}
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = Counter(f"{prefix}_http_requests", "HTTP requests by method, route template and status "
+                                "code.", ["method", "route", "status"], registry=self.registry)
+        self.latency = Histogram(f"{prefix}_http_request_duration_seconds", "HTTP request latency by method and "
+                                 "route template.", ["method", "route"], buckets=buckets, registry=self.registry)
+        self.in_progress = Gauge(f"{prefix}_http_requests_in_progress", "HTTP requests being served.",
+                                 registry=self.registry)
+        self._gauges = _Gauges(prefix)
+        self.registry.register(self._gauges)
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
-        with self._lock:
-            key = (method, route, str(status))
-            self._count[key] = self._count.get(key, 0) + 1
-            h = self._hist.get((method, route))
-            if h is None:
-                h = self._hist[(method, route)] = [0] * len(self.buckets) + [0.0, 0]
-            i = bisect.bisect_left(self.buckets, seconds)
-            if i < len(self.buckets):
-                h[i] += 1  # cumulated when rendered
-            h[-2] += seconds
-            h[-1] += 1
+        """Count one finished request and add its duration to the route's histogram (thread-safe)."""
+        self.requests.labels(method, route, str(status)).inc()
+        self.latency.labels(method, route).observe(seconds)
 
-    def add_collector(self, name: str, kind: str, help_text: str,
-                      fn: Callable[[], Iterable[tuple[dict, float]]]) -> None:
-        self._collectors[name] = (kind, help_text, fn)
+    def add_collector(self, name: str, kind: str, help_text: str, fn: Samples) -> None:
+        """A metric ``PREFIX_NAME`` of ``kind`` ("gauge" or "counter") whose samples ``fn`` returns."""
+        self._gauges.fns[name] = (kind, help_text, fn)
 
     def render(self) -> str:
-        p = self.prefix
-        with self._lock:
-            counts = sorted(self._count.items())
-            hists = sorted((k, list(v)) for k, v in self._hist.items())
-            in_progress = self.in_progress
-        out = [f"# HELP {p}_http_requests_total HTTP requests by method, route template and status code.",
-               f"# TYPE {p}_http_requests_total counter"]
-        out += [f"{p}_http_requests_total{{{_labels(method=m, route=r, status=s)}}} {n}" for (m, r, s), n in counts]
-        out += [f"# HELP {p}_http_request_duration_seconds HTTP request latency by method and route template.",
-                f"# TYPE {p}_http_request_duration_seconds histogram"]
-        for (m, r), h in hists:
-            lab = _labels(method=m, route=r)
-            cum = 0
-            for le, c in zip(self.buckets, h):
-                cum += c
-                out.append(f'{p}_http_request_duration_seconds_bucket{{{lab},le="{_num(le)}"}} {cum}')
-            out.append(f'{p}_http_request_duration_seconds_bucket{{{lab},le="+Inf"}} {h[-1]}')
-            out.append(f"{p}_http_request_duration_seconds_sum{{{lab}}} {h[-2]!r}")
-            out.append(f"{p}_http_request_duration_seconds_count{{{lab}}} {h[-1]}")
-        out += [f"# HELP {p}_http_requests_in_progress HTTP requests being served.",
-                f"# TYPE {p}_http_requests_in_progress gauge", f"{p}_http_requests_in_progress {in_progress}"]
-        for name, (kind, help_text, fn) in sorted(self._collectors.items()):
-            out += [f"# HELP {p}_{name} {help_text}", f"# TYPE {p}_{name} {kind}"]
-            for labels, value in fn():
-                lab = "{" + _labels(**labels) + "}" if labels else ""
-                out.append(f"{p}_{name}{lab} {_num(value)}")
-        return "\n".join(out) + "\n"
+        """The text exposition (format 0.0.4) of every metric, collectors read now (thread-safe)."""
+        return prometheus_client.generate_latest(self.registry).decode()
 
 
 class PrometheusMiddleware:
@@ -114,7 +100,7 @@ class PrometheusMiddleware:
             await self.app(scope, receive, send)
             return
         t0 = time.perf_counter()
-        status = 500  # an exception that escapes everything becomes a 500 for the client
+        status, gone = None, False
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status
@@ -122,18 +108,25 @@ class PrometheusMiddleware:
                 status = message["status"]
             await send(message)
 
-        reg = self.registry
-        path, root0 = scope.get("path", ""), scope.get("root_path", "")
-        reg.in_progress += 1  # one event loop: no lock needed for this gauge
+        async def receive_wrapper() -> Message:
+            nonlocal gone
+            message = await receive()
+            gone = gone or message["type"] == "http.disconnect"
+            return message
+
+        root0 = scope.get("root_path", "")
+        self.registry.in_progress.inc()
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive_wrapper, send_wrapper)
         finally:
-            reg.in_progress -= 1
+            self.registry.in_progress.dec()
+            if status is None:  # nothing was sent: the client left first, or an exception escaped everything
+                status = CLIENT_CLOSED if gone else 500
             template = getattr(scope.get("route"), "path", None)
             if template is None:
-                template = self._unrouted(path)
+                template = self._unrouted(scope.get("path", ""))
             else:  # a route of a mounted app (the UI at /ui) is relative to its mount point
                 root = scope.get("root_path", "")
                 if root != root0 and root.startswith(root0):
                     template = root[len(root0):] + template
-            reg.observe(scope.get("method", "GET"), template, status, time.perf_counter() - t0)
+            self.registry.observe(scope.get("method", "GET"), template, status, time.perf_counter() - t0)

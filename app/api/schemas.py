@@ -8,42 +8,12 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     model_validator,
 )
 
-MAX_K = 1000
-MAX_QUERY_CHARS = 1000
-
-
-def _collapse_whitespace(v: Any) -> Any:
-    return " ".join(v.split()) if isinstance(v, str) else v
-
-
-def _check_query_length(v: str) -> str:
-    if not v:
-        raise ValueError("the query is empty after trimming whitespace")
-    if len(v) > MAX_QUERY_CHARS:
-        raise ValueError(f"the query is {len(v):,} characters long after trimming; the limit is {MAX_QUERY_CHARS:,}")
-    return v
-
-
-# Ids are the dataset's integer ids (Karpathy imgid / sentid, or the corpus row for corpora), at most
-# 2^53 - 1 so that every JSON client (JavaScript numbers are doubles) reads them exactly.
-MAX_ID = 2**53 - 1
-ItemId = Annotated[int, Field(ge=0, le=MAX_ID)]
-K = Annotated[int, Field(ge=1, le=MAX_K, description=f"number of results, 1 to {MAX_K}")]
-ModelName = Annotated[str, Field(min_length=1, max_length=100, description="a model name from GET /api/models")]
-# Whitespace is collapsed (and trimmed) first; the length limits apply to what remains.
-QueryText = Annotated[
-    str,
-    BeforeValidator(_collapse_whitespace),
-    AfterValidator(_check_query_length),
-    Field(json_schema_extra={"minLength": 1, "maxLength": MAX_QUERY_CHARS, "pattern": r"\S"},
-          description=f"free text, 1 to {MAX_QUERY_CHARS} characters after trimming whitespace"),
-]
+from app.api.fields import Cursor, FilterJSON, ItemId, K, ModelName, QueryText
 
 
 def _exactly_one(model: BaseModel, names: tuple[str, ...]) -> None:
@@ -78,6 +48,8 @@ class TextSearchRequest(BaseModel):
     caption_id: ItemId = None  # type: ignore[assignment]
     model: ModelName = None  # type: ignore[assignment]  # absent: the first model
     k: K = 10
+    filter: FilterJSON = None
+    cursor: Cursor = None
 
     @model_validator(mode="after")
     def _one_query(self) -> TextSearchRequest:
@@ -93,6 +65,8 @@ class ImageSearchRequest(BaseModel):
     image_id: ItemId
     model: ModelName = None  # type: ignore[assignment]
     k: K = 10
+    filter: FilterJSON = None
+    cursor: Cursor = None
 
 
 class CompareRequest(BaseModel):
@@ -106,6 +80,7 @@ class CompareRequest(BaseModel):
     image_id: ItemId = None  # type: ignore[assignment]
     models: Annotated[list[ModelName], Field(min_length=2, max_length=2, json_schema_extra={"uniqueItems": True})]
     k: K = 10
+    filter: FilterJSON = None
 
     @model_validator(mode="after")
     def _check(self) -> CompareRequest:
@@ -138,22 +113,27 @@ class HealthResponse(BaseModel):
     down: dict[str, str] = Field(default_factory=dict, description="models that could not be loaded, and why")
     detail: str | None = None
     loaded_at: float | None = Field(None, description="Unix time when loading finished")
+    shards_down: dict[str, list[int]] = Field(default_factory=dict, description="sharded models' shards with no "
+                                              "live replica (status degraded; their answers are partial)")
 
 
 class ModelInfo(BaseModel):
     name: str
-    dataset: str | None
-    split: str | None
-    counts: dict[str, int] | None = Field(description="items in the index: images, captions")
-    dim: int | None = Field(description="embedding dimension")
-    factory: str | None = Field(description="FAISS index factory string")
-    ground_truth: bool = Field(description="the index is a dataset split with caption ↔ image links")
-    image_search: bool = Field(description="uploaded images can be encoded (the model has an image backbone)")
-    model: dict[str, Any] | None = Field(description="training summary from the manifest")
+    status: Literal["ok", "down"] = Field("ok", description="down: the model could not be loaded (``detail`` says "
+                                          "why; the other fields are empty) while the others serve")
+    detail: str | None = Field(None, description="why a model is down (names files, never the server's folders)")
+    dataset: str | None = None
+    split: str | None = None
+    counts: dict[str, int] | None = Field(None, description="items in the index: images, captions")
+    dim: int | None = Field(None, description="embedding dimension")
+    factory: str | None = Field(None, description="FAISS index factory string")
+    ground_truth: bool = Field(False, description="the index is a dataset split with caption ↔ image links")
+    image_search: bool = Field(False, description="uploaded images can be encoded (the model has an image backbone)")
+    model: dict[str, Any] | None = Field(None, description="training summary from the manifest")
     caption_corpora: bool = Field(False, description="the caption encoder or the LTD targets come from a sentence model "
                                   "trained on Flickr30k/COCO captions (MiniLM, mpnet): numbers marked ᴹ in RESULTS.md")
-    eval: dict[str, Any] | None = Field(description="report.json of `ltd eval` (R@k, R-P, nDCG, rsum), when present")
-    manifest: dict[str, Any]
+    eval: dict[str, Any] | None = Field(None, description="report.json of `ltd eval` (R@k, R-P, nDCG, rsum), when present")
+    manifest: dict[str, Any] | None = None
 
 
 class QueryInfo(BaseModel):
@@ -162,6 +142,7 @@ class QueryInfo(BaseModel):
     image_id: int | None = None
     filename: str | None = None
     upload: bool = False
+    vector: bool = False
 
 
 class QueryMetrics(BaseModel):
@@ -199,7 +180,8 @@ class CaptionHit(BaseModel):
 
 
 class TextSearchResponse(BaseModel):
-    direction: Literal["t2i"] = "t2i"
+    direction: Literal["t2i", "i2i", "v2i"] = Field("t2i", description="what the query was (a text, an image, a "
+                                                    "vector); the hits are images")
     model: str
     k: int
     query: QueryInfo
@@ -207,10 +189,16 @@ class TextSearchResponse(BaseModel):
     ground_truth_ids: list[int] | None = None
     metrics: QueryMetrics | None = None
     results: list[ImageHit]
+    next_cursor: str | None = Field(None, description="give it as `cursor` (same query) for the next page")
+    generation: int = Field(0, description="the index generation the answer was ranked on")
+    partial: bool = Field(False, description="some shards of a sharded index gave no answer: these are the best "
+                                             "hits of the others")
+    missing_shards: list[int] | None = Field(None, description="the shards that gave no answer (when partial)")
 
 
 class ImageSearchResponse(BaseModel):
-    direction: Literal["i2t"] = "i2t"
+    direction: Literal["i2t", "t2t", "v2t"] = Field("i2t", description="what the query was (an image, a text, a "
+                                                    "vector); the hits are captions")
     model: str
     k: int
     query: QueryInfo
@@ -218,6 +206,10 @@ class ImageSearchResponse(BaseModel):
     ground_truth_ids: list[int] | None = None
     metrics: QueryMetrics | None = None
     results: list[CaptionHit]
+    next_cursor: str | None = None
+    generation: int = 0
+    partial: bool = False
+    missing_shards: list[int] | None = None
 
 
 SearchResponse = Annotated[TextSearchResponse | ImageSearchResponse, Field(discriminator="direction")]

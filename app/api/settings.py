@@ -17,6 +17,10 @@ from training.config_base import ConfigError, error_line
 
 
 class Settings(BaseSettings, SearchConfig):
+    """Everything a server needs: the models and captioners to serve, the search service's limits and
+    tuning (inherited from ``SearchConfig``), security, body limits and timeouts, threads. Each field is
+    also an ``LTD_*`` variable (pydantic-settings); ``load_settings`` turns a bad value into one line."""
+
     model_config = SettingsConfigDict(env_prefix="LTD_", extra="ignore")
 
     # NAME → index directory; from `ltd serve --model NAME=DIR` or LTD_MODELS='{"bl": "indexes/bl"}'.
@@ -28,12 +32,20 @@ class Settings(BaseSettings, SearchConfig):
     # A bearer token for /api, /ui, /docs and /metrics (not /api/health). Set it whenever the server is
     # reachable by others: `Authorization: Bearer TOKEN`, or the cookie that /login sets for browsers.
     api_token: SecretStr | None = None
+    # The token the living index's writes need (`Authorization: Bearer WRITE_TOKEN`), distinct from
+    # api_token; required when a writable server binds a non-loopback address. It also reads.
+    write_token: SecretStr | None = None
+    # A multipart add (POST /api/models/{name}/items): its whole body (each file also within max_upload_bytes).
+    max_add_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     # How long a browser stays logged in after /login (the signed cookie's expiry).
     session_seconds: int = Field(12 * 3600, ge=60)
+    # Wrong tokens an address may send a minute before it is locked (app/api/login.py), for the whole
+    # server: with `--workers N` each process allows this / N (rounded up).
+    max_wrong_tokens: int = Field(20, ge=1)
+    workers: int = Field(1, ge=1)  # server processes (`ltd serve --workers`), set by `ltd serve`
     # Host headers the server answers (DNS-rebinding protection); None = any. `ltd serve` sets the
     # loopback names when it binds a loopback address.
     allowed_hosts: list[str] | None = None
-    max_upload_bytes: int = Field(10 * 1024 * 1024, ge=1)
     # Bodies of the JSON endpoints (a 1,000-character query is ~6 KB even fully \u-escaped).
     max_json_bytes: int = Field(64 * 1024, ge=1024)
     # Bodies of the UI's own requests (Gradio's queue and API calls; file uploads use max_upload_bytes).
@@ -52,6 +64,18 @@ class Settings(BaseSettings, SearchConfig):
     send_timeout: float = Field(60.0, gt=0)
     # Connections per process (0 = from the descriptor limit, keeping a reserve for the server's files).
     max_connections: int = Field(0, ge=0)
+    # The UI's long-lived streams (app/api/streams.py), per process: at most this many at once and from one
+    # client address (a browser tab holds two); a heartbeat whose session did nothing else for
+    # stream_idle_seconds is closed, any other stream stream_max_seconds after it opened.
+    max_streams: int = Field(256, ge=1)
+    max_streams_per_client: int = Field(16, ge=1)
+    stream_idle_seconds: float = Field(900.0, gt=0)
+    stream_max_seconds: float = Field(600.0, gt=0)
+    # Addresses of reverse proxies whose X-Forwarded-For / X-Forwarded-Proto headers are believed (comma
+    # separated, "*" for any; uvicorn's --forwarded-allow-ips). Empty: no proxy, the headers are ignored
+    # and the peer's address is the client's (the wrong-token limit and the stream caps count by it).
+    forwarded_allow_ips: str = ""
+
     load_in_background: bool = True  # answer /api/health (503 "loading") while models load
     ui: bool = True  # mount the Gradio UI at /ui
     # Intra-op threads of torch (0 = torch's default, one per core). With text batching one thread

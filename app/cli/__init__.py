@@ -23,14 +23,15 @@ from __future__ import annotations
 import os
 import sys
 
+from training.hf_env import set_hf_environment
+
 
 def _command(argv: list[str]) -> str | None:
     """The ``ltd`` subcommand of ``argv`` (first non-option argument), if any."""
     return next((a for a in argv[1:] if not a.startswith("-")), None)
 
 
-for _k, _v in (("TOKENIZERS_PARALLELISM", "false"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1")):
-    os.environ.setdefault(_k, _v)
+set_hf_environment()  # offline Hugging Face libraries, no tokenizer threads (training/hf_env.py)
 if _command(sys.argv) in ("serve", "compare"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

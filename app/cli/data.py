@@ -12,9 +12,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = sub.add_parser("data", parents=[common], help="inspect, generate and convert datasets")
     dsub = p.add_subparsers(dest="data_command", required=True, metavar="ACTION")
 
-    q = dsub.add_parser("info", parents=[common], help="splits, counts, caption lengths and missing files of a Karpathy JSON")
-    q.add_argument("path", help="dataset_*.json (or the folder holding it)")
+    q = dsub.add_parser("info", parents=[common], help="splits, counts, caption lengths and missing files of a dataset")
+    q.add_argument("path", help="dataset_*.json (or the folder holding it), a CSV/TSV or parquet table, webdataset shards")
     q.add_argument("--images-root", help="folder the image paths are relative to")
+    q.add_argument("--columns", default="", help="CSV/parquet: image=COL,caption=COL,split=COL,metadata=A|B")
     q.add_argument("--json", action="store_true", help="print JSON instead of a table")
     q.set_defaults(func=cmd_info)
 
@@ -60,9 +61,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from training.data.karpathy import dataset_info, load_karpathy
+    from training.data.formats import read_dataset
+    from training.data.karpathy import dataset_info
 
-    ds = load_karpathy(args.path, images_root=args.images_root, drop_missing=True)
+    ds = read_dataset(args.path, images_root=args.images_root, drop_missing=True, columns=args.columns)
     info = dataset_info(ds)
     if args.json:
         print(json.dumps(info, indent=2))

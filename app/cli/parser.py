@@ -13,10 +13,10 @@ import logging
 import sys
 import traceback
 
-from app.cli import caption, compare, data, demo, experiment, index, serve, train
+from app.cli import caption, compare, data, demo, experiment, index, interop, items, serve, train
 from training.errors import UserError
 
-COMMANDS = (data, train, index, compare, serve, demo, experiment, caption)
+COMMANDS = (data, train, index, items, interop, compare, serve, demo, experiment, caption)
 
 
 def _setup(verbose: bool) -> None:

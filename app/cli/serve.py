@@ -16,6 +16,7 @@ import socket
 import threading
 from pathlib import Path
 
+from app.cli import serve_ray
 from training.choices import TextRuntime, names
 from training.errors import UserFileNotFound, UserValueError
 
@@ -35,6 +36,17 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="a captioner to serve (repeatable; from `ltd caption train`): POST /api/caption and the "
                         "UI's Caption tab, its captions scored by the retrieval models")
     add_bind_args(p)
+    p.add_argument("--images-root", action="append", default=[], metavar="DIR",
+                   help="a folder image files may be served from (repeatable); default: the folders `ltd index` "
+                        "was given for each index, as it recorded them for this user")
+    p.add_argument("--forwarded-allow-ips", default=None, metavar="IPS",
+                   help="reverse proxies (comma-separated addresses, '*' for any) whose X-Forwarded-For is believed; "
+                        "default none: the peer's address counts (wrong-token limit, stream caps)")
+    p.add_argument("--writable", action="store_true",
+                   help="take writes: add, edit and remove items of the served indexes (REST and UI); on a "
+                        "non-loopback address they need LTD_WRITE_TOKEN (distinct from LTD_API_TOKEN)")
+    p.add_argument("--ingest-root", action="append", default=[], metavar="DIR",
+                   help="a folder whose subfolders a writable server may add images from (repeatable)")
     p.add_argument("--no-ui", action="store_true", help="do not mount the Gradio UI at /ui")
     p.add_argument("--workers", type=int, default=1,
                    help="server processes, each loading every model (default 1; on 2 cores a second one measured no gain)")
@@ -55,6 +67,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="check index data files by sha256 (default) or only by size and counts (huge indexes)")
     p.add_argument("--access-log", action="store_true", help="log every request (off by default: /metrics counts them)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    serve_ray.add_args(p)
     p.set_defaults(func=cmd_serve)
 
 
@@ -90,6 +103,19 @@ def bind_policy(host: str, expose: bool, extra_hosts: list[str], token: str | No
         log.warning("serving on %s WITHOUT a token: anyone who can reach this port can use the API and UI "
                     "(set LTD_API_TOKEN to require one)", host)
     return extra_hosts or None
+
+
+def write_policy(settings, host: str) -> None:
+    """Writes off by default; on a non-loopback address they need a write token of their own."""
+    write = settings.write_token.get_secret_value() if settings.write_token else None
+    read = settings.api_token.get_secret_value() if settings.api_token else None
+    if settings.writable and not is_loopback(host) and not write:
+        raise UserValueError(f"--writable on {host} needs LTD_WRITE_TOKEN (a token for writes, distinct from "
+                             "LTD_API_TOKEN): anyone who reaches the port could otherwise change the index")
+    if write and read and write == read:
+        raise UserValueError("LTD_WRITE_TOKEN must differ from LTD_API_TOKEN (readers must not be able to write)")
+    if write and not settings.writable:
+        log.warning("LTD_WRITE_TOKEN is set but the server is not --writable: writes stay off")
 
 
 def parse_models(specs: list[str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -204,10 +230,14 @@ def serve(settings, *, host: str = "127.0.0.1", port: int = 8000, service=None, 
         raise UserValueError("several workers cannot share a service object; each worker loads its own models")
     sock = bind_socket(host, port)
     limit_heap_retention()
-    kw = dict(access_log=access_log, log_level=log_level, timeout_graceful_shutdown=5, http=GuardedHTTPProtocol)
+    # X-Forwarded-* only from the proxies named (uvicorn would otherwise believe them from 127.0.0.1).
+    proxies = settings.forwarded_allow_ips.strip()
+    kw = dict(access_log=access_log, log_level=log_level, timeout_graceful_shutdown=5, http=GuardedHTTPProtocol,
+              proxy_headers=bool(proxies), forwarded_allow_ips=proxies or "")
     if workers > 1:
         # Worker processes rebuild the app from LTD_* variables (app.api.main.create_app_from_env), the
         # token's real value included; the connection limits travel inside the pickled config.
+        settings.workers = workers  # each process allows its share of the wrong-token limit
         os.environ.update(settings.to_env())
         _print_urls(host, port, settings.ui)
         config = guarded(uvicorn.Config("app.api.main:create_app_from_env", factory=True, workers=workers, **kw),
@@ -260,6 +290,7 @@ def _print_urls(host: str, port: int, ui: bool) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise UserValueError(f"--port must be in 1..65535, got {args.port}")
+    serve_ray.check_args(args)
     overrides: dict = {"ui": not args.no_ui, "verify_index": args.verify_index}
     if args.model:  # checked before the server's modules (torch, gradio) are imported
         overrides["models"], overrides["checkpoints"] = parse_models(args.model)
@@ -283,6 +314,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["text_runtime"] = args.text_runtime
     if args.text_runtime_threads is not None:
         overrides["text_runtime_threads"] = args.text_runtime_threads
+    if args.images_root:
+        overrides["images_roots"] = [str(Path(d).expanduser().resolve()) for d in args.images_root]
+    if args.forwarded_allow_ips is not None:
+        overrides["forwarded_allow_ips"] = args.forwarded_allow_ips
+    if args.writable:
+        overrides["writable"] = True
+    if args.ingest_root:
+        for d in args.ingest_root:
+            if not Path(d).expanduser().is_dir():
+                raise UserFileNotFound(f"--ingest-root {d}: no such folder")
+        overrides["ingest_roots"] = [str(Path(d).expanduser().resolve()) for d in args.ingest_root]
     settings = load_settings(**overrides)  # LTD_* environment variables fill in the rest
     if not settings.models:
         raise UserValueError("no models: give --model NAME=INDEX_DIR (repeatable), or set LTD_MODELS")
@@ -291,11 +333,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.checkpoints = {**found, **settings.checkpoints}
     token = settings.api_token.get_secret_value() if settings.api_token else None
     settings.allowed_hosts = bind_policy(args.host, args.expose, args.allowed_host, token)
+    write_policy(settings, args.host)
     problems = preflight(settings)
     for name, why in problems.items():
         log.error("model %s cannot be served: %s", name, why)
     if len(problems) == len(settings.models):
         raise UserValueError("no model can be served (see above)")
     log.info("serving %s", ", ".join(f"{n}={p}" for n, p in settings.models.items()))
+    service = serve_ray.ray_service(settings, args) if args.engine == "ray" else None
     return serve(settings, host=args.host, port=args.port, workers=args.workers, access_log=args.access_log,
-                 log_level=args.log_level)
+                 log_level=args.log_level, service=service)

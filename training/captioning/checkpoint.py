@@ -24,11 +24,11 @@ from training.checkpoint import (
     TrainingProgress,
     load_checkpoint,
     save_checkpoint,
-    sha256_file,
     versions,
 )
 from training.config import ConfigError
 from training.errors import UserValueError
+from training.fsio import sha256_file
 
 KIND = "ltd-captioner"
 REQUIRED = ("kind", "model", "config", "vocab", "feat_dim")

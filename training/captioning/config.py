@@ -162,7 +162,3 @@ def caption_config_from_dict(d: Mapping) -> CaptionConfig:
     """A config dict as a caption checkpoint or config.yaml holds it (any age) → CaptionConfig."""
     return load_saved(CaptionConfig, d)
 
-
-def load_caption_run_config(path: str | Path) -> CaptionConfig:
-    """The config a captioner run was trained with: ``RUN/config.yaml`` (a run folder or the file)."""
-    return load_saved(CaptionConfig, path)

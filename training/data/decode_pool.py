@@ -8,10 +8,11 @@ ONNX Runtime loaded beside it, the delivery of that signal killed the test proce
 SI_KERNEL: the kernel failed to set up the handler's frame) when any later child exited. Forked, not
 started by a fork server: a fork server re-imports the caller's ``__main__`` (a user's unguarded script
 would run again) and takes seconds to start a pool, which the Ray engine does once per shard. The
-workers only decode with Pillow and use one torch thread. ``draft=True`` lets a large JPEG decode
-at a reduced DCT scale (Pillow's draft mode, ``load_image(min_side=…)``) whose short side stays
-≥ the preprocessing's resize side; it changes the pixels the model sees slightly, so the feature
-cache keys it separately (``decode_key``).
+workers only decode (JPEGs through libjpeg-turbo's own API when simplejpeg is installed, else Pillow:
+``jpeg.py``) and use one torch thread. ``draft=True`` lets a large JPEG decode at a reduced DCT
+scale (Pillow's draft mode, ``load_image(min_side=…)``) whose short side stays ≥ the preprocessing's
+resize side; it changes the pixels the model sees slightly, so the feature cache keys it separately
+(``decode_key``).
 """
 from __future__ import annotations
 

@@ -14,10 +14,13 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from training.data import jpeg
+from training.data.members import ImageMember
 from training.errors import UserError
 
 # A 12,000 x 12,000 photo is plenty; anything larger is refused before decoding (decompression bombs).
 MAX_PIXELS = 144_000_000
+ORIENTATION = 0x0112  # the EXIF tag
 ALLOWED_FORMATS = {"JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF", "MPO"}
 # PIL's own bomb check runs inside Image.open; align it with ours so one limit applies everywhere.
 Image.MAX_IMAGE_PIXELS = MAX_PIXELS
@@ -42,9 +45,24 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")  # L, 1, P, CMYK, YCbCr, LAB, HSV, F
 
 
-def load_image(source: str | Path | bytes, *, max_pixels: int = MAX_PIXELS, name: str | None = None,
+def _fast_jpeg(img: Image.Image, fp, original: tuple[int, int]) -> Image.Image | None:
+    """The pixels of a (possibly drafted) baseline JPEG through libjpeg-turbo directly (``jpeg.py``),
+    carrying the header's metadata (EXIF orientation); None: let Pillow decode it."""
+    if img.format != "JPEG" or jpeg.backend == "pillow":
+        return None
+    fp.seek(0)
+    arr = jpeg.decode(fp.read(), img.size, jpeg.scale_of(original, img.size), img.mode)
+    if arr is None:
+        return None
+    out = Image.frombuffer("RGB", (arr.shape[1], arr.shape[0]), arr, "raw", "RGB", 0, 1)  # shares the array
+    out.info.update(img.info)  # EXIF (for exif_transpose), ICC profile, DPI
+    return out
+
+
+def load_image(source: str | Path | bytes | ImageMember, *, max_pixels: int = MAX_PIXELS, name: str | None = None,
                min_side: int = 0) -> Image.Image:
-    """Decode a file path or bytes into an RGB PIL image, applying EXIF orientation.
+    """Decode a file path, bytes or a shard member (``members.ImageMember``) into an RGB PIL image,
+    applying EXIF orientation.
 
     ``max_pixels`` bounds the pixels actually decoded. ``min_side`` > 0 lets a JPEG decode at a
     reduced scale (1/2, 1/4 or 1/8, in the DCT: Pillow's draft mode) as long as its short side stays
@@ -53,7 +71,10 @@ def load_image(source: str | Path | bytes, *, max_pixels: int = MAX_PIXELS, name
     """
     label = name or (str(source) if not isinstance(source, bytes) else "upload")
     try:
-        fp = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
+        if isinstance(source, ImageMember):
+            fp = io.BytesIO(source.read_bytes())
+        else:
+            fp = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
     except OSError as e:
         raise ImageError(f"{label}: cannot open ({e.strerror or e})") from None
     with fp:
@@ -63,6 +84,7 @@ def load_image(source: str | Path | bytes, *, max_pixels: int = MAX_PIXELS, name
                 img = Image.open(fp)
                 if img.format not in ALLOWED_FORMATS:
                     raise ImageError(f"{label}: unsupported image type {img.format}")
+                original = img.size
                 if min_side > 0 and img.format in ("JPEG", "MPO") and min(img.size) > 2 * min_side:
                     scale = min_side / min(img.size)
                     img.draft("RGB", (max(1, int(img.size[0] * scale + 1)), max(1, int(img.size[1] * scale + 1))))
@@ -71,7 +93,11 @@ def load_image(source: str | Path | bytes, *, max_pixels: int = MAX_PIXELS, name
                     raise ImageError(f"{label}: {w}x{h} pixels exceeds the limit of {max_pixels:,} (decompression-bomb guard)")
                 if w < 1 or h < 1:
                     raise ImageError(f"{label}: empty image ({w}x{h})")
-                img.load()
+                fast = _fast_jpeg(img, fp, original)  # only now, after the pixel budget: the first full decode
+                if fast is None:
+                    img.load()
+                else:
+                    img = fast
         except ImageError:
             raise
         except (Image.DecompressionBombError, Image.DecompressionBombWarning):
@@ -82,7 +108,8 @@ def load_image(source: str | Path | bytes, *, max_pixels: int = MAX_PIXELS, name
         except (OSError, SyntaxError, ValueError, EOFError) as e:
             raise ImageError(f"{label}: corrupt or truncated image ({e})") from None
     try:
-        img = ImageOps.exif_transpose(img)
+        if img.getexif().get(ORIENTATION, 1) != 1:  # exif_transpose would otherwise copy the image unchanged
+            img = ImageOps.exif_transpose(img)
     except Exception:  # broken EXIF must not make a good picture unusable
         pass
     return _to_rgb(img)
@@ -111,9 +138,17 @@ class Preprocess:
         return img.resize((nw, nh), Image.BICUBIC, reducing_gap=3.0) if (nw, nh) != (w, h) else img
 
     def to_tensor(self, img: Image.Image) -> torch.Tensor:
-        arr = np.asarray(img, dtype=np.float32) / 255.0
-        arr = (arr - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
-        return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+        """(3, H, W) float32 ``(pixel / 255 − mean) / std``: bit for bit the plain numpy formula
+        (``tests/test_jpeg.py``), but converted straight into the channel-first array and scaled in
+        place, single-threaded: a fraction of the CPU the decode takes (BENCHMARKS.md, "JPEG decoders"),
+        where five temporary arrays had cost several times the decode."""
+        a = np.asarray(img)
+        x = np.empty((3, *a.shape[:2]), np.float32)
+        np.copyto(x, a.transpose(2, 0, 1), casting="unsafe")
+        x /= np.float32(255.0)
+        x -= np.asarray(self.mean, np.float32)[:, None, None]
+        x /= np.asarray(self.std, np.float32)[:, None, None]
+        return torch.from_numpy(x)
 
     def crops(self, img: Image.Image, n_crops: int = 1) -> list[Image.Image]:
         """1 = centre crop; 2 = centre + its mirror; 10 = four corners + centre, each also mirrored

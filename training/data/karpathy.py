@@ -99,6 +99,8 @@ class Dataset:
     captions: list[CaptionRecord]
     missing: list[str] = field(default_factory=list)  # filenames dropped because missing on disk
     meta: dict = field(default_factory=dict)
+    # per image (by ImageRecord.index), the JSON-safe metadata of a table or shard corpus; [] = none
+    image_meta: list[dict] = field(default_factory=list)
 
     def split(self, name: str) -> Split:
         name = SPLIT_ALIASES.get(name, name)

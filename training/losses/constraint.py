@@ -194,13 +194,6 @@ class LossCombiner(nn.Module):
             self.multiplier.clamp_(0.0, self.lambda_max)  # projection, in place: no wind-up
 
     @property
-    def lambda_value(self) -> float | None:
-        """λ of the next step as a float (None for ``none``/``dual``)."""
-        if self.schedule is not None:
-            return float(self.schedule[min(len(self._trace), len(self.schedule) - 1)])
-        return None if self.multiplier is None else float(self.multiplier.detach())
-
-    @property
     def lambda_trace(self) -> np.ndarray:
         """float32 (steps,): the λ applied at every step so far (empty for ``none``/``dual``)."""
         return np.asarray(self._trace, dtype=np.float32)

@@ -1,4 +1,4 @@
-"""The per-step λ trace of a constraint run, and the combiner built from a loss config.
+"""The per-step λ trace of a constraint run: written next to its checkpoint, read back for a replay.
 
 A constraint (or replay) run writes ``lambda_trace.npz`` next to its checkpoint: ``lambda``
 (float32, one entry per optimizer step: the λ that step applied) and ``eta`` (the bound it was
@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from training.errors import UserFileNotFound, UserValueError
 from training.fsio import atomic_path
-
-from .constraint import LossCombiner
 
 log = logging.getLogger(__name__)
 
@@ -51,22 +48,3 @@ def read_lambda_trace(source: str | Path) -> tuple[np.ndarray, float]:
     if lam.ndim != 1 or not np.isfinite(lam).all():
         raise UserValueError(f"{p}: 'lambda' must be a finite 1-D array, got shape {lam.shape}")
     return lam, eta
-
-
-def build_combiner(loss_cfg: Any, total_steps: int) -> LossCombiner:
-    """The :class:`LossCombiner` for a ``LossConfig``; ``replay`` reads and checks its schedule."""
-    schedule = None
-    if loss_cfg.mode == "replay":
-        schedule, src_eta = read_lambda_trace(loss_cfg.lambda_schedule)
-        if not np.isclose(src_eta, loss_cfg.eta, rtol=0, atol=1e-12):
-            raise UserValueError(f"the λ schedule was logged with η={src_eta}, this run has loss.eta={loss_cfg.eta}: "
-                             "the replayed weights λ_t/η would differ; set loss.eta to the source run's")
-        if len(schedule) < total_steps:
-            raise UserValueError(f"the λ schedule {loss_cfg.lambda_schedule} has {len(schedule)} steps, this run needs "
-                             f"{total_steps}: the source run must have the same batches and epochs")
-        log.info("replaying λ from %s (%d steps, λ %.3g → %.3g, max %.3g)", loss_cfg.lambda_schedule,
-                 len(schedule), schedule[0], schedule[total_steps - 1], schedule[:total_steps].max())
-    return LossCombiner(loss_cfg.mode, beta=loss_cfg.beta, eta=loss_cfg.eta, lambda_init=loss_cfg.lambda_init,
-                        lambda_lr=loss_cfg.lambda_lr, lambda_momentum=loss_cfg.lambda_momentum,
-                        lambda_dampening=loss_cfg.lambda_dampening, lambda_max=loss_cfg.lambda_max,
-                        schedule=schedule)

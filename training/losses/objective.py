@@ -35,13 +35,34 @@ from training import distributed
 from training.config import LossConfig
 from training.data.global_batches import Shard
 from training.data.vocab import Vocab
+from training.errors import UserValueError
 from training.models.decoders import InputTokenDecoder
 
+from .constraint import LossCombiner
 from .factory import build_contrastive_loss, similarity_for
-from .lambda_trace import build_combiner, write_lambda_trace
+from .lambda_trace import read_lambda_trace, write_lambda_trace
 from .reconstruction import ITDReconstructionLoss, LTDReconstructionLoss
 
 log = logging.getLogger(__name__)
+
+
+def build_combiner(loss_cfg: LossConfig, total_steps: int) -> LossCombiner:
+    """The :class:`LossCombiner` for a ``LossConfig``; ``replay`` reads and checks its schedule."""
+    schedule = None
+    if loss_cfg.mode == "replay":
+        schedule, src_eta = read_lambda_trace(loss_cfg.lambda_schedule)
+        if not np.isclose(src_eta, loss_cfg.eta, rtol=0, atol=1e-12):
+            raise UserValueError(f"the λ schedule was logged with η={src_eta}, this run has loss.eta={loss_cfg.eta}: "
+                             "the replayed weights λ_t/η would differ; set loss.eta to the source run's")
+        if len(schedule) < total_steps:
+            raise UserValueError(f"the λ schedule {loss_cfg.lambda_schedule} has {len(schedule)} steps, this run needs "
+                             f"{total_steps}: the source run must have the same batches and epochs")
+        log.info("replaying λ from %s (%d steps, λ %.3g → %.3g, max %.3g)", loss_cfg.lambda_schedule,
+                 len(schedule), schedule[0], schedule[total_steps - 1], schedule[:total_steps].max())
+    return LossCombiner(loss_cfg.mode, beta=loss_cfg.beta, eta=loss_cfg.eta, lambda_init=loss_cfg.lambda_init,
+                        lambda_lr=loss_cfg.lambda_lr, lambda_momentum=loss_cfg.lambda_momentum,
+                        lambda_dampening=loss_cfg.lambda_dampening, lambda_max=loss_cfg.lambda_max,
+                        schedule=schedule)
 
 
 def first_contrastive(loss: LossConfig) -> str:

@@ -16,7 +16,6 @@ autocast on CUDA), run by the inference runtime chosen in ``runtimes.py`` (``set
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import io
 import logging
@@ -31,6 +30,7 @@ from training import choices
 from training.data.images import Preprocess
 from training.env import environment
 from training.errors import UserError
+from training.fsio import sha256_file
 from training.models.effnet_fused import FusedEfficientNetLite
 from training.models.runtimes import (
     ImageRuntime,
@@ -49,15 +49,6 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 class BackboneError(UserError, RuntimeError):
     """A backbone that cannot be built here (missing package or weights)."""
-
-
-@functools.lru_cache(maxsize=8)
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def state_digest(module: nn.Module) -> str:
@@ -142,7 +133,7 @@ class EfficientNetLite0(Backbone):
             self.net = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=path)
         self.net.eval()
         self.name, self.features = "efficientnet_lite0", features
-        self.weights_id = f"{Path(path).name}:{file_sha256(path)[:16]}"
+        self.weights_id = f"{Path(path).name}:{sha256_file(path)[:16]}"
         self.preprocess = Preprocess(size=image_size, resize=resize or image_size, mean=(0.5,) * 3, std=(0.5,) * 3)
         self._fused = None
         self.runtime = requested_runtime()
@@ -217,7 +208,7 @@ class TorchvisionResNet(Backbone):
         self.net.fc = nn.Identity()
         self.net.eval()
         self.name, self.features, self.out_dim = f"resnet{depth}", "pooled", 2048
-        self.weights_id = f"{Path(path).name}:{file_sha256(str(path))[:16]}"
+        self.weights_id = f"{Path(path).name}:{sha256_file(path)[:16]}"
         self.preprocess = Preprocess(size=image_size, resize=resize or round(image_size * 256 / 224),
                                      mean=IMAGENET_MEAN, std=IMAGENET_STD)
 

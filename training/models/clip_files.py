@@ -67,6 +67,8 @@ def check_clip_config(m: Any) -> None:
     if uses_clip(m) and not m.clip_path:
         raise ValueError("model.backbone=clip / model.text_encoder=clip need model.clip_path=DIR (a CLIP folder "
                          "in the Hugging Face layout: config.json, model.safetensors, tokenizer and preprocessor files)")
+    if m.clip_text_path and m.text_encoder != "clip":
+        raise ValueError(f"model.clip_text_path={m.clip_text_path!r} needs model.text_encoder=clip")
     if m.clip_path and not uses_clip(m):
         raise ValueError(f"model.clip_path={m.clip_path!r} is set but neither model.backbone nor model.text_encoder "
                          "is clip")
@@ -166,13 +168,26 @@ def _token_text(token: Any) -> str:
     return str(token.get("content", "")) if isinstance(token, dict) else str(token)
 
 
+def read_processor_config(folder: Path) -> tuple[dict, Path]:
+    """The image processor's settings: ``preprocessor_config.json``, or the ``image_processor`` entry of
+    the ``processor_config.json`` that newer processors (and sentence-transformers) save."""
+    path = folder / "preprocessor_config.json"
+    if path.is_file():
+        p = read_json(path)
+    elif (folder / "processor_config.json").is_file():
+        path = folder / "processor_config.json"
+        p = (read_json(path) or {}).get("image_processor")
+    else:
+        p = None
+    if not isinstance(p, dict):
+        raise ClipError(f"{folder}: no preprocessor_config.json; save the image processor into the folder "
+                        "(its save_pretrained) so that images are prepared as the model was trained")
+    return p, path
+
+
 def read_preprocess(folder: Path) -> dict:
     """``preprocessor_config.json`` → resize (short side), square centre crop, mean/std, resampling."""
-    path = folder / "preprocessor_config.json"
-    if not path.is_file():
-        raise ClipError(f"{folder}: no preprocessor_config.json; save the image processor into the folder "
-                        "(CLIPImageProcessor.save_pretrained) so that images are prepared as CLIP was trained")
-    p = read_json(path)
+    p, path = read_processor_config(folder)
     size, crop = p.get("size", 224), p.get("crop_size", 224)
     short = size.get("shortest_edge") if isinstance(size, dict) else size
     crop_hw = (crop.get("height"), crop.get("width")) if isinstance(crop, dict) else (crop, crop)

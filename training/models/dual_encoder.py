@@ -24,6 +24,7 @@ from training.models.decoders import InputTokenDecoder, LatentTargetDecoder
 from training.models.heads import FNEDiscretize, ProjectionHead
 from training.models.reasoning import region_image_head, shared_layers, tern_text_encoder
 from training.models.text_encoder import GRUTextEncoder, SBERTTextEncoder, move_batch
+from training.models.towers import source_from_dir
 from training.targets import resolve_sentence_model
 
 
@@ -110,14 +111,6 @@ class DualEncoder(nn.Module):
         self.train(was)
         return torch.cat(out) if out else torch.zeros(0, self.text.out_dim)
 
-    @torch.no_grad()
-    def embed_pil(self, images: Sequence[Image.Image]) -> torch.Tensor:
-        was = self.training
-        self.eval()
-        out = self.image(self.image.prepare(images).to(self.device)).float().cpu()
-        self.train(was)
-        return out
-
 
 class StepEncoders(nn.Module):
     """A training step's two encoders as one forward: DistributedDataParallel synchronises the gradients
@@ -145,7 +138,7 @@ def build_model(cfg: Config, vocab: Vocab, *, feat_dim: int | None = None, regio
     m = cfg.model
     clip_head = None
     if uses_clip(m):
-        clip = clip or ClipSource.from_dir(m.clip_path)
+        clip = clip or source_from_dir(m.clip_path, m.clip_text_path or None)
         cfg = copy.deepcopy(cfg)  # the joint space is CLIP's: other towers and the decoder project into it
         cfg.model.embed_dim = clip.embed_dim
         m = cfg.model

@@ -5,7 +5,8 @@ The fused torch module (``effnet_fused.py``) is the reference. Other runtimes ru
 - ``torch``: the fused module, channels-last (bf16 autocast on CPUs with native bf16, fp16 on CUDA);
 - ``compile``: the fused module through ``torch.compile`` (Inductor; needs a C++ compiler);
 - ``onnxruntime`` / ``openvino``: the fused module exported once to ONNX (cached under
-  ``CACHE/engines/``, keyed by a hash of the fused weights, the tap and the image size) and run by
+  ``CACHE/engines/``, a private folder, keyed by a hash of the fused weights, the tap and the image size,
+  and loaded only when its sha256 matches the one recorded at export) and run by
   ONNX Runtime (fp32) or OpenVINO (fp32; bf16 on a CPU with native bf16, as torch's path there — its
   precision hint is always set explicitly). Both are optional extras (``pip install '.[fast]'``).
 
@@ -22,9 +23,12 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import hmac
 import importlib.util
 import logging
 import os
+import stat
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -36,7 +40,7 @@ from torch import nn
 
 from training.env import default_cache_dir, environment
 from training.errors import UserError
-from training.fsio import atomic_path
+from training.fsio import atomic_path, atomic_write_text, private_folder, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -104,17 +108,37 @@ def export_onnx(tap: Tap, image_size: int, cache_dir: str | Path = "") -> Path:
 
 def onnx_once(key: str, module: nn.Module, args: tuple, input_names: list[str], dynamic_axes: dict,
               cache_dir: str | Path, what: str) -> Path:
-    """``module`` exported to ``CACHE/engines/KEY_torchVERSION.onnx`` (output "y") unless that file exists;
-    written atomically, so a killed export leaves nothing that a later run would load."""
-    path = default_cache_dir(str(cache_dir)) / "engines" / f"{key}_torch{torch.__version__.split('+')[0]}.onnx"
-    if path.is_file():
+    """``module`` exported to ``CACHE/engines/KEY_torchVERSION.onnx`` (output "y") unless a verified export
+    is there. The folder is private (0700, this user's); each export's sha256 is recorded beside it
+    (``.onnx.sha256``) once the file is whole, and a file that is not a regular file of this user or does
+    not match its record (planted, swapped, torn) is exported again rather than loaded. Both files are
+    written atomically, so a killed export leaves nothing a later run would load."""
+    folder = private_folder(default_cache_dir(str(cache_dir)) / "engines")
+    path = folder / f"{key}_torch{torch.__version__.split('+')[0]}.onnx"
+    record = path.with_name(path.name + ".sha256")
+    if _verified(path, record):
         return path
+    if path.exists() or record.exists():
+        log.warning("engine file %s does not match its recorded digest: exporting %s again", path.name, what)
     log.info("exporting %s to ONNX (%s), once", what, path.name)
     with atomic_path(path) as tmp, warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer warnings about python ints (fixed paddings, attention masks)
         torch.onnx.export(module, args, str(tmp), input_names=input_names, output_names=["y"],
                           dynamic_axes=dynamic_axes, opset_version=17, dynamo=False)
+    atomic_write_text(record, sha256_file(path) + "\n")
     return path
+
+
+def _verified(path: Path, record: Path) -> bool:
+    """``path`` is a regular file (not a link) of this user whose sha256 is the one recorded for it."""
+    try:
+        st = os.lstat(path)
+        expected = record.read_text().strip()
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        return False
+    return hmac.compare_digest(sha256_file(path), expected)
 
 
 def _threads() -> int:
@@ -152,6 +176,21 @@ class _SignalStack(ctypes.Structure):
     _fields_ = [("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int), ("ss_size", ctypes.c_size_t)]
 
 
+def import_openvino():
+    """The ``openvino`` module, imported without its telemetry.
+
+    ``import openvino`` imports its model converter, whose telemetry sends an "import" event to Google
+    Analytics at once unless a consent file in ~/intel says no (or ``CI=true``): the project's runs would
+    reach an outside host without asking (tests/netguard.py caught a server doing it). With the
+    ``openvino_telemetry`` module made unimportable first, OpenVINO uses its own no-op stub; nothing
+    else changes. Every import of openvino in the library goes through here."""
+    if "openvino" not in sys.modules:
+        sys.modules.setdefault("openvino_telemetry", None)  # None: `import openvino_telemetry` raises ImportError
+    import openvino  # lazy: optional extra (.[fast])
+
+    return openvino
+
+
 def compile_openvino(core, model, config: dict):
     """``core.compile_model(model, "CPU", config)``, with the calling thread's alternate signal stack
     put back afterwards.
@@ -173,8 +212,7 @@ def compile_openvino(core, model, config: dict):
 
 
 def _openvino(path: Path, bf16: bool = False, streams: bool = True) -> Callable[[np.ndarray], np.ndarray]:
-    import openvino as ov  # lazy: optional extra (.[fast])
-
+    ov = import_openvino()
     core = ov.Core()
     compiled = compile_openvino(core, core.read_model(str(path)), {
         "INFERENCE_PRECISION_HINT": "bf16" if bf16 else "f32", "INFERENCE_NUM_THREADS": _threads(), "PERFORMANCE_HINT": "THROUGHPUT"})

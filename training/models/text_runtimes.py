@@ -36,6 +36,7 @@ from training.models.backbones import cpu_bf16_fast
 from training.models.runtimes import (
     RuntimeUnavailable,
     compile_openvino,
+    import_openvino,
     installed,
     onnx_once,
     ort_session,
@@ -102,8 +103,7 @@ def _onnxruntime(path: Path, threads: int) -> Callable[[dict], np.ndarray]:
 
 
 def _openvino(path: Path, threads: int, bf16: bool) -> Callable[[dict], np.ndarray]:
-    import openvino as ov  # lazy: optional extra (.[fast])
-
+    ov = import_openvino()
     core = ov.Core()
     # LATENCY: one stream: queries arrive as one (micro-)batch from one batcher thread. Not pinned to cores:
     # pinned, the encoder's thread waits for its core while the event loop or a request thread runs there

@@ -10,7 +10,7 @@ import gradio as gr
 
 from search import CaptionerInfo, CaptionService, ImageRank
 from ui import inputs, widgets
-from ui.context import UIContext, UILimits
+from ui.context import UIContext
 from ui.render import ThumbSrc, esc, notice
 
 EMPTY = ('<div class="ltd-empty">Pick a dataset image (its reference captions give CIDEr-D) or upload one: each '
@@ -59,12 +59,12 @@ def _how(info: CaptionerInfo) -> str:
 
 
 @inputs.guarded
-def caption_image(captions: CaptionService, image_id: Any, upload_path: str | None, beam: Any, thumbs: ThumbSrc,
-                  max_bytes: int = UILimits.max_upload_bytes) -> str:
+def caption_image(captions: CaptionService, image_id: Any, upload_path: str | None, beam: Any,
+                  thumbs: ThumbSrc) -> str:
     """Every captioner's caption of the image, scored (CIDEr-D, self-retrieval rank per model)."""
     if not captions.captioners.names:
         return notice(NO_CAPTIONER, "info")
-    q = inputs.image_query(image_id, upload_path, max_bytes)
+    q = inputs.image_query(image_id, upload_path, captions.search.config.max_upload_bytes)
     out = captions.caption_image(beam=inputs.parse_k(beam, 5), **q)
     cards = []
     for c in out.captions:
@@ -81,10 +81,9 @@ def caption_image(captions: CaptionService, image_id: Any, upload_path: str | No
 
 
 @inputs.guarded
-def check_caption(captions: CaptionService, caption: str | None, image_id: Any, upload_path: str | None,
-                  max_bytes: int = UILimits.max_upload_bytes) -> str:
+def check_caption(captions: CaptionService, caption: str | None, image_id: Any, upload_path: str | None) -> str:
     """How well a caption you wrote finds the image, under every retrieval model."""
-    q = inputs.image_query(image_id, upload_path, max_bytes)
+    q = inputs.image_query(image_id, upload_path, captions.search.config.max_upload_bytes)
     out = captions.check_caption(caption or "", **q)
     cider = f" · CIDEr-D {out.cider:.3f} against its references" if out.cider is not None else ""
     return (f'<div class="ltd-result"><p class="ltd-gen">“{esc(out.caption)}”{esc(cider)}</p>'
@@ -95,7 +94,7 @@ def check_caption(captions: CaptionService, caption: str | None, image_id: Any, 
 
 def build(ctx: UIContext) -> tuple[gr.Gallery, gr.State]:
     """The tab; returns its image picker (and the ids behind it) for the page's load event."""
-    svc, max_bytes = ctx.captions, ctx.limits.max_upload_bytes
+    svc = ctx.captions
     with gr.Tab("Caption", id="caption", elem_id="tab-caption"):
         if not svc.captioners.names:
             gr.HTML(notice(NO_CAPTIONER, "info"))
@@ -117,7 +116,7 @@ def build(ctx: UIContext) -> tuple[gr.Gallery, gr.State]:
                 check_out = gr.HTML("", elem_id="caption-check-results")
 
     def run_caption(image_id, upload, beam):
-        return caption_image(svc, image_id, upload, beam, ctx.thumbs, max_bytes)
+        return caption_image(svc, image_id, upload, beam, ctx.thumbs)
 
     def pick(ids, beam, evt: gr.SelectData):
         if evt.index is None or not 0 <= evt.index < len(ids):
@@ -128,6 +127,6 @@ def build(ctx: UIContext) -> tuple[gr.Gallery, gr.State]:
     img_id.submit(run_caption, [img_id, upload, beam], out)
     upload.upload(lambda u, b: ("", run_caption(None, u, b)), [upload, beam], [img_id, out])
     gallery.select(pick, [gallery_ids, beam], [img_id, upload, out])
-    check.click(lambda c, i, u: check_caption(svc, c, i, u, max_bytes), [mine, img_id, upload], check_out)
-    mine.submit(lambda c, i, u: check_caption(svc, c, i, u, max_bytes), [mine, img_id, upload], check_out)
+    check.click(lambda c, i, u: check_caption(svc, c, i, u), [mine, img_id, upload], check_out)
+    mine.submit(lambda c, i, u: check_caption(svc, c, i, u), [mine, img_id, upload], check_out)
     return gallery, gallery_ids

@@ -2,7 +2,9 @@
 ground-truth rank, P@5 and nDCG per model, and ◆ on what only one model retrieved. Above the
 rankings, for a text query: its words shaded by what each contributes to one image under each model
 (the caption's own image, model A's top result, or a result image the user clicks), and a sentence
-on the word the two models treat most differently. What is shown is mirrored in the page URL."""
+on the word the two models treat most differently. Both rankings are within the filter bar's filter
+(one slice of the index); every image card has "more like this". What is shown is mirrored in the page
+URL, with the filter and the index generation each model served (ui/share.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,9 +14,11 @@ import gradio as gr
 
 from search import BadRequest, DatasetCaption, NotReady, SearchError, SearchService
 from ui import inputs, share, widgets
-from ui.context import UIContext, UILimits
+from ui.context import UIContext
 from ui.explain_render import attribution_html
 from ui.render import (
+    ACTIONS_JS,
+    SLICE_METRICS,
     ThumbSrc,
     caption_list_html,
     esc,
@@ -32,13 +36,15 @@ EMPTY_COMPARE = ('<div class="ltd-empty">One query, two models side by side. Pic
 
 
 @inputs.guarded
-def compare(service: SearchService, a: str, b: str, query: dict, k: Any, thumbs: ThumbSrc) -> str:
-    """Two models side by side on one query (``query``: one of query/caption_id/image_id/image_bytes)."""
+def compare(service: SearchService, a: str, b: str, query: dict, k: Any, thumbs: ThumbSrc,
+            flt: dict | None = None) -> str:
+    """Two models side by side on one query (``query``: one of query/caption_id/image_id/image_bytes),
+    each ranking within ``flt``."""
     if len(service.registry.names) < 2:
         return need_two_notice(service) or ""
     if not a or not b or a == b:
         raise BadRequest("Pick two different models to compare.")
-    out = service.compare([a, b], k=inputs.parse_k(k), **query)
+    out = service.compare([a, b], k=inputs.parse_k(k), filter=flt, **query)
     ra, rb = out.results
     shared = set(out.overlap_ids)
     n = max(len(ra.hits), len(rb.hits), 1)
@@ -46,7 +52,11 @@ def compare(service: SearchService, a: str, b: str, query: dict, k: Any, thumbs:
                f'<span class="ltd-overlap-bar"><span style="width:{100 * out.overlap / n:.0f}%"></span></span>'
                + ('<span class="ltd-muted">◆ only that model retrieved it</span>' if out.overlap < n else "")
                + "</div>")
-    render = image_grid_html if out.direction == "t2i" else caption_list_html
+    def render(r, thumbs, shared):
+        if out.direction == "t2i":
+            return image_grid_html(r, thumbs, shared, actions=("similar",))
+        return caption_list_html(r, thumbs, shared)
+
     cols = []
     for i, (r, other) in enumerate(((ra, rb), (rb, ra))):
         lb = model_label(service, r.model)
@@ -55,38 +65,22 @@ def compare(service: SearchService, a: str, b: str, query: dict, k: Any, thumbs:
                     f'<span class="ltd-muted">{esc(lb["kind"])}{det}</span></div>'
                     f'{metrics_html(r, other)}{render(r, thumbs, shared)}</section>')
     return (f'<div class="ltd-result">{query_html(service, a, ra, thumbs, query.get("image_bytes"))}'
-            f'<div class="ltd-bar">{overlap}{legend_html(out.direction, ra.metrics is not None)}</div>'
+            f'<div class="ltd-bar">{overlap}{legend_html(out.direction, ra.metrics is not None)}'
+            f'{SLICE_METRICS if flt is not None and ra.metrics is not None else ""}</div>'
             f'<div class="ltd-cols">{"".join(cols)}</div></div>')
 
 
-def compare_text(service: SearchService, a: str, b: str, text: str | None, picked: dict | None, k: Any,
-                 thumbs: ThumbSrc) -> str:
-    try:
-        q = inputs.text_query(text, picked)
-    except SearchError as e:
-        return notice(e.detail, "error")
-    return compare(service, a, b, q, k, thumbs)
-
-
-def compare_image(service: SearchService, a: str, b: str, image_id: Any, upload_path: str | None, k: Any,
-                  thumbs: ThumbSrc, max_bytes: int = UILimits.max_upload_bytes) -> str:
-    try:
-        q = inputs.image_query(image_id, upload_path, max_bytes)
-    except SearchError as e:
-        return notice(e.detail, "error")
-    return compare(service, a, b, q, k, thumbs)
-
-
 def explain_panel(service: SearchService, a: str, b: str, query: dict, thumbs: ThumbSrc,
-                  image_id: int | None = None) -> tuple[str, int | None]:
+                  image_id: int | None = None, flt: dict | None = None) -> tuple[str, int | None]:
     """(HTML, explained image id) of the word attributions of a text query under both models: for the
-    image ``image_id`` (a clicked result), else the caption's own image, else model a's top result."""
+    image ``image_id`` (a clicked result), else the caption's own image, else model a's top result
+    (within ``flt``)."""
     if "query" not in query and "caption_id" not in query or len(service.registry.names) < 2 or not a or not b or a == b:
         return "", None
     try:
         why = "picked from the results"
         if image_id is None and "query" in query:
-            top = service.search_text(a, query=query["query"], k=1).hits
+            top = service.search_text(a, query=query["query"], k=1, filter=flt).hits
             if not top:
                 return "", None
             image_id, why = top[0].id, f"{a}'s top result"
@@ -104,14 +98,37 @@ def explain_panel(service: SearchService, a: str, b: str, query: dict, thumbs: T
 
 
 def compare_view(service: SearchService, a: str, b: str, query: dict | None, k: Any, thumbs: ThumbSrc,
-                 explain_image: int | None = None) -> tuple[str, str, str]:
-    """(results HTML, attributions HTML, URL state) of one comparison; ``query`` None shows the notice of
-    why there is none."""
+                 explain_image: int | None = None, flt: dict | None = None) -> tuple[str, str, str]:
+    """(results HTML, attributions HTML, URL state) of one comparison within ``flt``; ``query`` None shows
+    the notice of why there is none."""
+    pins = share.pins(service, a, b)
     if query is None:
-        return EMPTY_COMPARE, "", share.compare_state(a, b, k, None)
-    html = compare(service, a, b, query, k, thumbs)
-    attr, shown = explain_panel(service, a, b, query, thumbs, explain_image)
-    return html, attr, share.compare_state(a, b, inputs.parse_k(k), query, shown)
+        return EMPTY_COMPARE, "", share.compare_state(a, b, k, None, flt=flt, pins=pins)
+    html = compare(service, a, b, query, k, thumbs, flt)
+    attr, shown = explain_panel(service, a, b, query, thumbs, explain_image, flt)
+    return html, attr, share.compare_state(a, b, inputs.parse_k(k), query, shown, flt=flt, pins=pins)
+
+
+def compare_text(ctx: UIContext, a: str, b: str, text: str | None, picked: DatasetCaption | None, k: Any,
+                 image: int | None = None, flt: dict | None = None) -> tuple:
+    """(results, attributions, URL state) for the text box (a picked dataset caption while the box holds its
+    text, free text otherwise); a bad input is a notice and leaves the URL state as it is."""
+    try:
+        q = inputs.text_query(text, picked)
+    except SearchError as e:
+        return notice(e.detail, "error"), "", gr.skip()
+    return compare_view(ctx.service, a, b, q, k, ctx.thumbs, image, flt)
+
+
+def compare_image(ctx: UIContext, a: str, b: str, image_id: Any, upload: str | None, k: Any,
+                  flt: dict | None = None) -> tuple:
+    """(results, attributions, URL state) for the image inputs: an upload (within the upload limit) wins
+    over a dataset image id."""
+    try:
+        q = inputs.image_query(image_id, upload, ctx.limits.max_upload_bytes)
+    except SearchError as e:
+        return notice(e.detail, "error"), "", gr.skip()
+    return compare_view(ctx.service, a, b, q, k, ctx.thumbs, flt=flt)
 
 
 @dataclass
@@ -143,10 +160,10 @@ class CompareTab:
 
 
 def opened(t: CompareTab, tabs: gr.Tabs, ctx: UIContext, a: str, b: str, k: Any, query: dict,
-           explain_image: int | None = None) -> dict:
-    """Updates that switch to Compare with ``query`` filled in and already compared (Explorer clicks,
-    shared links)."""
-    html, attr, state = compare_view(ctx.service, a, b, query, k, ctx.thumbs, explain_image)
+           explain_image: int | None = None, flt: dict | None = None) -> dict:
+    """Updates that switch to Compare with ``query`` filled in and already compared within ``flt`` (Explorer
+    clicks, shared links)."""
+    html, attr, state = compare_view(ctx.service, a, b, query, k, ctx.thumbs, explain_image, flt)
     text_mode = "image_id" not in query
     upd = {tabs: gr.Tabs(selected="compare"), t.a: a, t.b: b, t.k: inputs.parse_k(k), t.kind: "text" if text_mode else "image",
            t.text_panel: gr.Column(visible=text_mode), t.img_panel: gr.Row(visible=not text_mode),
@@ -165,14 +182,16 @@ def opened(t: CompareTab, tabs: gr.Tabs, ctx: UIContext, a: str, b: str, k: Any,
 
 
 CARD_JS = """element.addEventListener('click', (ev) => {
+  if (ev.target.closest('.ltd-act')) return;
   const card = ev.target.closest('.ltd-card[data-image-id]');
   if (card) trigger('pick', {iid: card.dataset.imageId});
 });"""
-"""A click on a result image (text → image) explains that image instead."""
+"""A click on a result image (text → image) explains that image instead (its buttons do what they say:
+``ACTIONS_JS``)."""
 
 
 def explain_picked(ctx: UIContext, a: str, b: str, text: str, picked: dict | None, k: Any, kind: str,
-                   data: dict) -> tuple:
+                   data: dict, flt: dict | None = None) -> tuple:
     """(attributions, URL state) after a click on a result image (``data``: the browser's {"iid": …}): the
     text query explained for that image."""
     try:
@@ -182,11 +201,11 @@ def explain_picked(ctx: UIContext, a: str, b: str, text: str, picked: dict | Non
         return gr.skip(), gr.skip()
     if kind != "text" or iid is None:
         return gr.skip(), gr.skip()
-    attr, shown = explain_panel(ctx.service, a, b, q, ctx.thumbs, iid)
-    return attr, share.compare_state(a, b, inputs.parse_k(k), q, shown)
+    attr, shown = explain_panel(ctx.service, a, b, q, ctx.thumbs, iid, flt)
+    return attr, share.compare_state(a, b, inputs.parse_k(k), q, shown, flt=flt, pins=share.pins(ctx.service, a, b))
 
 
-def build(ctx: UIContext) -> CompareTab:
+def build(ctx: UIContext, flt: gr.State) -> CompareTab:
     names, pair = ctx.names, ctx.pair
     a0, b0 = ctx.first_pair
     with gr.Tab("Compare", id="compare", elem_id="tab-compare"):
@@ -198,7 +217,7 @@ def build(ctx: UIContext) -> CompareTab:
             a = gr.Dropdown(names, value=a0, label="Model A", scale=2, min_width=120)
             swap = gr.Button("⇄", scale=0, min_width=48, elem_id="compare-swap", elem_classes="ltd-swap")
             b = gr.Dropdown(names, value=b0, label="Model B", scale=2, min_width=120)
-            k = gr.Dropdown(inputs.K_CHOICES, value=10, label="Top k", scale=1, min_width=90)
+            k = gr.Dropdown(ctx.k_choices, value=ctx.k_default, label="Top k", scale=1, min_width=90)
             kind = gr.Radio([("Caption / text", "text"), ("Image", "image")], value="text", label="Query", scale=2,
                             elem_id="compare-kind")
         with gr.Column(visible=bool(pair)) as text_panel:
@@ -212,84 +231,77 @@ def build(ctx: UIContext) -> CompareTab:
                                  allow_preview=False, object_fit="cover", elem_classes="ltd-picker",
                                  elem_id="compare-gallery")
         explain_out = gr.HTML("", elem_id="compare-explain")
-        out = gr.HTML(EMPTY_COMPARE if pair else "", elem_id="compare-results", js_on_load=CARD_JS)
+        out = gr.HTML(EMPTY_COMPARE if pair else "", elem_id="compare-results", js_on_load=CARD_JS + "\n" + ACTIONS_JS)
     tab = CompareTab(a, b, k, kind, text_panel, img_panel, text, picked, img_id, upload, out, examples,
                      examples_state, gallery, gallery_ids, explain_out, share_box)
-    _wire(ctx, tab, go, rand, img_go, swap)
+    _wire(ctx, tab, flt, go, rand, img_go, swap)
     return tab
 
 
-def _wire(ctx: UIContext, t: CompareTab, go, rand, img_go, swap) -> None:
-    """Events. The Query radio says which input the shown result came from, so changing a model or k
-    re-runs it. Every event that changes what is shown also writes its URL state (``t.share``)."""
-    svc, src, max_bytes = ctx.service, ctx.thumbs, ctx.limits.max_upload_bytes
+def _wire(ctx: UIContext, t: CompareTab, flt: gr.State, go, rand, img_go, swap) -> None:
+    """Events. The Query radio says which input the shown result came from, so changing a model, k or
+    the filter re-runs it. Every event that changes what is shown also writes its URL state (``t.share``)."""
+    svc = ctx.service
 
-    def cmp_text(a, b, text, picked, k, image=None):
-        try:
-            q = inputs.text_query(text, picked)
-        except SearchError as e:
-            return notice(e.detail, "error"), "", gr.skip()
-        return compare_view(svc, a, b, q, k, src, image)
+    def cmp_text(a, b, text, picked, k, flt=None):
+        return compare_text(ctx, a, b, text, picked, k, None, flt)
 
-    def cmp_image(a, b, image_id, upload, k):
-        try:
-            q = inputs.image_query(image_id, upload, max_bytes)
-        except SearchError as e:
-            return notice(e.detail, "error"), "", gr.skip()
-        return compare_view(svc, a, b, q, k, src)
+    def cmp_image(a, b, image_id, upload, k, flt=None):
+        return compare_image(ctx, a, b, image_id, upload, k, flt)
 
-    def cmp_rand(a, b, k, current):
+    def cmp_rand(a, b, k, current, flt):
         try:
             c = inputs.random_caption(svc, a, exclude=current)
         except SearchError as e:
             return gr.skip(), gr.skip(), notice(e.detail, "error"), "", gr.skip()
-        return c.text, c, *cmp_text(a, b, c.text, c, k)
+        return c.text, c, *cmp_text(a, b, c.text, c, k, flt)
 
-    def cmp_example(idx, examples, a, b, k):
+    def cmp_example(idx, examples, a, b, k, flt):
         if idx is None or not 0 <= idx < len(examples):
             return (gr.skip(),) * 5
         c = examples[idx]
-        return c.text, c, *cmp_text(a, b, c.text, c, k)
+        return c.text, c, *cmp_text(a, b, c.text, c, k, flt)
 
-    def cmp_pick(ids, a, b, k, evt: gr.SelectData):
+    def cmp_pick(ids, a, b, k, flt, evt: gr.SelectData):
         if evt.index is None or not 0 <= evt.index < len(ids):
             return (gr.skip(),) * 5
-        return str(ids[evt.index]), None, *cmp_image(a, b, ids[evt.index], None, k)
+        return str(ids[evt.index]), None, *cmp_image(a, b, ids[evt.index], None, k, flt)
 
-    def cmp_upload(a, b, upload, k):
+    def cmp_upload(a, b, upload, k, flt):
         if not upload:
             return (gr.skip(),) * 4
-        return "", *cmp_image(a, b, None, upload, k)
+        return "", *cmp_image(a, b, None, upload, k, flt)
 
-    def cmp_last(a, b, text, picked, image_id, upload, k, kind):
-        """Re-run the shown compare after a model/k change, if there is one."""
+    def cmp_last(a, b, text, picked, image_id, upload, k, kind, flt):
+        """Re-run the shown compare after a model/k/filter change, if there is one."""
         if kind == "text" and (text or "").strip():
-            return cmp_text(a, b, text, picked, k)
+            return cmp_text(a, b, text, picked, k, flt)
         if kind == "image" and (upload or (image_id or "").strip()):
-            return cmp_image(a, b, image_id, upload, k)
+            return cmp_image(a, b, image_id, upload, k, flt)
         return gr.skip(), gr.skip(), gr.skip()
 
     def cmp_swap(a, b, *rest):
         return b, a, *cmp_last(b, a, *rest)
 
-    def explain_clicked(a, b, text, picked, k, kind, evt: gr.EventData):
-        return explain_picked(ctx, a, b, text, picked, k, kind, getattr(evt, "_data", None) or {})
+    def explain_clicked(a, b, text, picked, k, kind, flt, evt: gr.EventData):
+        return explain_picked(ctx, a, b, text, picked, k, kind, getattr(evt, "_data", None) or {}, flt)
 
     shown = [t.out, t.explain_out, t.share]
     t.kind.change(lambda kind: (gr.Column(visible=kind == "text"), gr.Row(visible=kind == "image")), t.kind,
                   [t.text_panel, t.img_panel])
-    go.click(cmp_text, [t.a, t.b, t.text, t.picked, t.k], shown)
-    t.text.submit(cmp_text, [t.a, t.b, t.text, t.picked, t.k], shown)
-    rand.click(cmp_rand, [t.a, t.b, t.k, t.picked], [t.text, t.picked, *shown])
-    t.examples.click(cmp_example, [t.examples, t.examples_state, t.a, t.b, t.k], [t.text, t.picked, *shown])
-    img_go.click(cmp_image, [t.a, t.b, t.img_id, t.upload, t.k], shown)
-    t.img_id.submit(lambda a, b, i, k: (None, *cmp_image(a, b, i, None, k)), [t.a, t.b, t.img_id, t.k],
+    go.click(cmp_text, [t.a, t.b, t.text, t.picked, t.k, flt], shown)
+    t.text.submit(cmp_text, [t.a, t.b, t.text, t.picked, t.k, flt], shown)
+    rand.click(cmp_rand, [t.a, t.b, t.k, t.picked, flt], [t.text, t.picked, *shown])
+    t.examples.click(cmp_example, [t.examples, t.examples_state, t.a, t.b, t.k, flt], [t.text, t.picked, *shown])
+    img_go.click(cmp_image, [t.a, t.b, t.img_id, t.upload, t.k, flt], shown)
+    t.img_id.submit(lambda a, b, i, k, f: (None, *cmp_image(a, b, i, None, k, f)), [t.a, t.b, t.img_id, t.k, flt],
                     [t.upload, *shown])
-    t.gallery.select(cmp_pick, [t.gallery_ids, t.a, t.b, t.k], [t.img_id, t.upload, *shown])
-    t.upload.upload(cmp_upload, [t.a, t.b, t.upload, t.k], [t.img_id, *shown])
-    last_inputs = [t.a, t.b, t.text, t.picked, t.img_id, t.upload, t.k, t.kind]
+    t.gallery.select(cmp_pick, [t.gallery_ids, t.a, t.b, t.k, flt], [t.img_id, t.upload, *shown])
+    t.upload.upload(cmp_upload, [t.a, t.b, t.upload, t.k, flt], [t.img_id, *shown])
+    last_inputs = [t.a, t.b, t.text, t.picked, t.img_id, t.upload, t.k, t.kind, flt]
     for comp in (t.a, t.b, t.k):
         comp.input(cmp_last, last_inputs, shown)
+    flt.change(cmp_last, last_inputs, shown)
     swap.click(cmp_swap, last_inputs, [t.a, t.b, *shown])
-    t.out.pick(explain_clicked, [t.a, t.b, t.text, t.picked, t.k, t.kind], [t.explain_out, t.share])
+    t.out.pick(explain_clicked, [t.a, t.b, t.text, t.picked, t.k, t.kind, flt], [t.explain_out, t.share])
     t.share.change(None, t.share, None, js=share.SYNC_JS)

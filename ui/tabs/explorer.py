@@ -6,6 +6,9 @@
   search/word_usage.py), each with example captions;
 - Map: both models' images and captions in 2-D (PCA), coloured by disagreement or by a word.
 
+With a filter in the filter bar, the queries view keeps the queries of that slice (a caption query whose
+image matches, an image query that matches) and counts how many each model wins there.
+
 A click on a row, an example or a point opens that query in Compare."""
 from __future__ import annotations
 
@@ -13,10 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
+import numpy as np
 import pandas as pd
 
-from search import BadRequest, NotReady, SearchError, SearchService
-from ui import inputs, share
+from indexer.vector_index import IndexDirError
+from search import BadRequest, NotReady, SearchError, SearchService, redact_paths
+from ui import filters, inputs, share
 from ui.context import UIContext
 from ui.explain_render import CLICK_JS, maps_html, words_html
 from ui.render import ThumbSrc, esc, need_two_notice, notice
@@ -35,9 +40,28 @@ def explorer_headers(a: str, b: str) -> list[str]:
     return [h.replace(" A", f" {a}").replace(" B", f" {b}") for h in EXPLORER_HEADERS]
 
 
+def in_slice(service: SearchService, a: str, rows: list[dict], flt: dict | None) -> list[dict]:
+    """The Explorer rows whose query lies in the slice ``flt`` keeps (on model ``a``'s index; None: every
+    query): a caption query whose image matches, an image query that matches; removed items never."""
+    e = service.registry.get(a)
+    images, captions = service.filter_masks(e, flt)
+    if images is None:
+        images, captions = np.ones(len(e.index.images.meta["ids"]), bool), np.ones(len(e.index.captions.meta["ids"]), bool)
+    dead_img = getattr(e.index.images.index, "dead", None)
+    dead_cap = getattr(e.index.captions.index, "dead", None)
+
+    def keep(r: dict) -> bool:
+        q = int(r["query_index"])
+        mask, dead = (captions, dead_cap) if r["direction"] == "t2i" else (images, dead_img)
+        return q < len(mask) and bool(mask[q]) and not (dead is not None and q < len(dead) and dead[q])
+    return [r for r in rows if keep(r)]
+
+
 def explorer(service: SearchService, a: str, b: str, direction: str = "both", winner: str = "any",
-             limit: int = 200, thumbs: ThumbSrc | None = None) -> tuple[list[list], list[dict], str]:
-    """(table rows, raw rows, summary HTML) of the queries sorted by disagreement between a and b.
+             limit: int = 200, thumbs: ThumbSrc | None = None,
+             flt: dict | None = None) -> tuple[list[list], list[dict], str]:
+    """(table rows, raw rows, summary HTML) of the queries sorted by disagreement between a and b, only
+    those of the slice ``flt`` keeps (ranks are over the whole split, as `ltd eval` ranks).
 
     ``winner`` is any | a | b | tie (which model ranks the ground truth higher). With ``thumbs``, image
     queries show a thumbnail in the query cell (an HTML column)."""
@@ -46,11 +70,13 @@ def explorer(service: SearchService, a: str, b: str, direction: str = "both", wi
     if not a or not b or a == b:
         return [], [], notice("Pick two different models.", "error")
     try:
-        all_rows = service.explorer(a, b, direction=direction, limit=10**9)
+        all_rows = in_slice(service, a, service.explorer(a, b, direction=direction, limit=10**9), flt)
     except NotReady as e:
         return [], [], notice(f"Models are still loading: {e.detail}.", "loading")
     except SearchError as e:
         return [], [], notice(e.detail, "error")
+    except IndexDirError as e:  # the two indexes no longer hold the same items (one was written to)
+        return [], [], notice(redact_paths(str(e)), "error")
     wins = {w: sum(r["winner"] == w for r in all_rows) for w in ("a", "b", "tie")}
     rows = [r for r in all_rows if winner not in ("a", "b", "tie") or r["winner"] == winner][: max(1, int(limit))]
     name = {"a": a, "b": b, "tie": "tie"}
@@ -69,13 +95,16 @@ def explorer(service: SearchService, a: str, b: str, direction: str = "both", wi
               rnd(r["a_ndcg"], 3), rnd(r["b_ndcg"], 3), name[r["winner"]], rnd(r["disagreement"], 2)] for r in rows]
     scope = {"t2i": "text → image queries", "i2t": "image → text queries"}.get(direction, "queries")
     total = len(all_rows)
+    if flt is not None:
+        scope += f" in the slice {filters.describe(flt)} (ranks over the whole split)"
     summary = (f'<div class="ltd-explorer-sum"><span class="ltd-win ltd-m1"><b>{esc(b)}</b> ranks the ground truth higher '
                f'for <b>{wins["b"]}</b></span><span class="ltd-win ltd-m0"><b>{esc(a)}</b> for <b>{wins["a"]}</b></span>'
                f'<span class="ltd-win">tie <b>{wins["tie"]}</b></span><span class="ltd-muted">of {total} {scope} · '
                f'showing {len(rows)} · Δ = |log₂ of the ratio of the two first-GT ranks| · '
                'click a row to open it in Compare</span></div>')
     if not rows:
-        summary += notice("No query matches these filters.", "info")
+        summary += notice("No query matches these filters." + (" The filter bar keeps no query of this split."
+                                                               if flt is not None and not total else ""), "info")
     return table, rows, summary
 
 
@@ -179,13 +208,14 @@ class ExplorerTab:
 
 
 def queries_update(ctx: UIContext, t: ExplorerTab, a: str, b: str, direction: str = "both", winner: str = "any",
-                   limit: Any = 200) -> dict:
-    cells, raw, text = explorer(ctx.service, a, b, direction, winner, int(limit or 200), thumbs=ctx.thumbs)
+                   limit: Any = 200, flt: dict | None = None) -> dict:
+    """The queries view's table, rows and summary, within the slice ``flt`` keeps."""
+    cells, raw, text = explorer(ctx.service, a, b, direction, winner, int(limit or 200), thumbs=ctx.thumbs, flt=flt)
     return {t.table: pd.DataFrame(cells, columns=explorer_headers(a, b)), t.rows: raw, t.summary: text}
 
 
 def view_update(ctx: UIContext, t: ExplorerTab, share_box: gr.Textbox, view: str, a: str, b: str, min_count: Any = 5,
-                top: Any = 15, color: str = "disagreement", word: str = "") -> dict:
+                top: Any = 15, color: str = "disagreement", word: str = "", flt: dict | None = None) -> dict:
     """Show ``view`` and fill it (the words of a split are computed once per index; tqdm feeds the page's
     progress bar meanwhile); the URL state follows."""
     upd: dict = {p: gr.Column(visible=v == view) for v, p in t.panels.items()}
@@ -194,21 +224,22 @@ def view_update(ctx: UIContext, t: ExplorerTab, share_box: gr.Textbox, view: str
     elif view == "map":
         upd[t.map_out] = map_view(ctx.service, a, b, color, word)
     upd[share_box] = share.write("explorer", a=a, b=b, view=view,
-                                 word=(word or None) if view == "map" and color == "word" else None)
+                                 word=(word or None) if view == "map" and color == "word" else None,
+                                 f=share.filter_value(flt), **share.pins(ctx.service, a, b))
     return upd
 
 
 def restored(ctx: UIContext, t: ExplorerTab, share_box: gr.Textbox, a: str, b: str, view: str | None,
-             word: str | None) -> dict:
-    """The Explorer as a shared link names it: models, view and map word, everything filled."""
+             word: str | None, flt: dict | None = None) -> dict:
+    """The Explorer as a shared link names it: models, view, map word and filter, everything filled."""
     color = "word" if word else "disagreement"
+    queries = queries_update(ctx, t, a, b, flt=flt)
     return ({t.a: a, t.b: b, t.view: view or "queries", t.color: color, t.word: word or "",
              t.win: gr.Radio(choices=winner_choices(a, b), value="any")}
-            | queries_update(ctx, t, a, b) | view_update(ctx, t, share_box, view or "queries", a, b, color=color,
-                                                         word=word or ""))
+            | queries | view_update(ctx, t, share_box, view or "queries", a, b, color=color, word=word or "", flt=flt))
 
 
-def build(ctx: UIContext, compare: compare_tab.CompareTab, tabs: gr.Tabs) -> ExplorerTab:
+def build(ctx: UIContext, compare: compare_tab.CompareTab, tabs: gr.Tabs, flt: gr.State) -> ExplorerTab:
     names, pair = ctx.names, ctx.pair
     a0, b0 = ctx.first_pair
     with gr.Tab("Explorer", id="explorer", elem_id="tab-explorer") as tab:
@@ -246,49 +277,54 @@ def build(ctx: UIContext, compare: compare_tab.CompareTab, tabs: gr.Tabs) -> Exp
             map_out = gr.HTML("", elem_id="explorer-map", js_on_load=CLICK_JS)
     t = ExplorerTab(tab, a, b, view, {"queries": queries, "words": words, "map": maps}, direction, win, limit, table,
                     rows, summary, min_count, top, words_out, color, word, map_out)
-    _wire(ctx, t, compare, tabs)
+    _wire(ctx, t, compare, tabs, flt)
     return t
 
 
-def _wire(ctx: UIContext, t: ExplorerTab, c: compare_tab.CompareTab, tabs: gr.Tabs) -> None:
-    def run_explorer(a, b, direction, winner, limit):
-        return queries_update(ctx, t, a, b, direction, winner, limit)
+def _wire(ctx: UIContext, t: ExplorerTab, c: compare_tab.CompareTab, tabs: gr.Tabs, flt: gr.State) -> None:
+    def run_explorer(a, b, direction, winner, limit, flt):
+        return queries_update(ctx, t, a, b, direction, winner, limit, flt)
 
-    def explorer_models(a, b, direction, winner, limit):
+    def rerun_explorer(a, b, direction, winner, limit, flt, summary):
+        """A new filter: the queries view again, if it was shown (its first computation is split-wide)."""
+        return run_explorer(a, b, direction, winner, limit, flt) if summary else {t.summary: gr.skip()}
+
+    def explorer_models(a, b, direction, winner, limit, flt):
         return {t.win: gr.Radio(choices=winner_choices(a, b), value="any" if a == b else winner)} | run_explorer(
-            a, b, direction, winner, limit)
+            a, b, direction, winner, limit, flt)
 
-    def open_in_compare(rows, a, b, k, evt: gr.SelectData):
+    def open_in_compare(rows, a, b, k, flt, evt: gr.SelectData):
         """Explorer row → Compare tab, with the query filled in and the comparison already run."""
         try:
             q = explorer_pick(rows, evt.index, evt.row_value)
         except (SearchError, ValueError, TypeError, IndexError) as e:
             return {c.out: notice(e.detail if isinstance(e, SearchError) else str(e), "error")}
         q = {"caption_id": q["caption_id"]} if q["direction"] == "t2i" else {"image_id": q["image_id"]}
-        return compare_tab.opened(c, tabs, ctx, a, b, k, q)
+        return compare_tab.opened(c, tabs, ctx, a, b, k, q, flt=flt)
 
-    def open_clicked(a, b, k, evt: gr.EventData):
+    def open_clicked(a, b, k, flt, evt: gr.EventData):
         q = clicked_query(evt)
-        return compare_tab.opened(c, tabs, ctx, a, b, k, q) if q else {c.out: gr.skip()}
+        return compare_tab.opened(c, tabs, ctx, a, b, k, q, flt=flt) if q else {c.out: gr.skip()}
 
-    def show_view(view, a, b, min_count, top, color, word, progress=PROGRESS):
-        return view_update(ctx, t, c.share, view, a, b, min_count, top, color, word)
+    def show_view(view, a, b, min_count, top, color, word, flt, progress=PROGRESS):
+        return view_update(ctx, t, c.share, view, a, b, min_count, top, color, word, flt)
 
-    def show_word(view, a, b, min_count, top, color, word, progress=PROGRESS):
+    def show_word(view, a, b, min_count, top, color, word, flt, progress=PROGRESS):
         """Enter in the word box: colour the map by that word."""
-        return {t.color: "word"} | view_update(ctx, t, c.share, "map", a, b, min_count, top, "word", word)
+        return {t.color: "word"} | view_update(ctx, t, c.share, "map", a, b, min_count, top, "word", word, flt)
 
     queries = [t.table, t.rows, t.summary]
-    ex_inputs = [t.a, t.b, t.direction, t.win, t.limit]
+    ex_inputs = [t.a, t.b, t.direction, t.win, t.limit, flt]
     t.tab.select(run_explorer, ex_inputs, queries)
+    flt.change(rerun_explorer, [*ex_inputs, t.summary], queries)
     for comp in (t.direction, t.win, t.limit):
         comp.input(run_explorer, ex_inputs, queries)
     for comp in (t.a, t.b):
         comp.input(explorer_models, ex_inputs, [t.win, *queries])
-        comp.input(show_view, t.view_inputs, t.view_outputs(c.share))
+        comp.input(show_view, [*t.view_inputs, flt], t.view_outputs(c.share))
     for comp in (t.view, t.min_count, t.top, t.color):
-        comp.input(show_view, t.view_inputs, t.view_outputs(c.share))
-    t.word.submit(show_word, t.view_inputs, [t.color, *t.view_outputs(c.share)])
-    t.table.select(open_in_compare, [t.rows, t.a, t.b, c.k], c.open_targets(tabs))
+        comp.input(show_view, [*t.view_inputs, flt], t.view_outputs(c.share))
+    t.word.submit(show_word, [*t.view_inputs, flt], [t.color, *t.view_outputs(c.share)])
+    t.table.select(open_in_compare, [t.rows, t.a, t.b, c.k, flt], c.open_targets(tabs))
     for out in (t.words_out, t.map_out):
-        out.open(open_clicked, [t.a, t.b, c.k], c.open_targets(tabs))
+        out.open(open_clicked, [t.a, t.b, c.k, flt], c.open_targets(tabs))

@@ -1,2 +1,4 @@
-"""REST routers, one module per concern: health/models (``health``), search (``search``), dataset
-items (``media``) and Prometheus metrics (``metrics``). Shared dependencies live in ``deps``."""
+"""REST routers, one module per concern: health and the model registry (``health``), search
+(``search``), dataset items (``media``), captions (``caption``), word attributions (``explain``),
+Prometheus metrics (``metrics``) and the offline API docs (``docs``). Shared dependencies live in
+``deps``, the JSON-or-upload request bodies in ``bodies``."""

@@ -5,19 +5,21 @@ another content type), never a 500."""
 from __future__ import annotations
 
 import json
+from typing import Annotated
 
 import anyio
-from fastapi import HTTPException, Request
+from fastapi import Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 
-from app.api.schemas import MAX_ID, MAX_K, MAX_QUERY_CHARS
+from app.api.fields import MAX_ID, limit_marker
+from app.api.routers.deps import get_settings
 from app.api.settings import Settings
 
 # Multipart bodies, documented by hand in the routes' openapi_extra (body_doc) and parsed by upload_form.
 UPLOAD_FIELD = {"type": "string", "format": "binary", "description": "an image file (JPEG, PNG, WebP, BMP, GIF, TIFF)"}
-K_FIELD = {"type": "integer", "minimum": 1, "maximum": MAX_K, "default": 10}
+K_FIELD = {"type": "integer", "minimum": 1, "default": 10, **limit_marker(maximum="max_k")}
 MODEL_FIELD = {"type": "string", "minLength": 1, "maxLength": 100}
 IMAGE_UPLOAD_FORM = {"type": "object", "required": ["file"], "additionalProperties": False,
                      "properties": {"file": UPLOAD_FIELD, "model": MODEL_FIELD, "k": K_FIELD}}
@@ -27,21 +29,23 @@ COMPARE_UPLOAD_FORM = {"type": "object", "required": ["file", "models"], "additi
                                                  "uniqueItems": True}}}
 EXPLAIN_UPLOAD_FORM = {"type": "object", "required": ["file", "models"], "additionalProperties": False,
                        "properties": {"file": UPLOAD_FIELD, "query": {"type": "string", "minLength": 1,
-                                                                      "maxLength": MAX_QUERY_CHARS},
+                                                                      **limit_marker(maxLength="max_query_chars")},
                                       "caption_id": {"type": "integer", "minimum": 0, "maximum": MAX_ID},
                                       "models": {"type": "array", "items": MODEL_FIELD, "minItems": 1, "maxItems": 4,
                                                  "uniqueItems": True}}}
 
 
-def validate(model: type[BaseModel], data: object) -> BaseModel:
+def validate(model: type[BaseModel], data: object, settings: Settings) -> BaseModel:
+    """``data`` as ``model``, under the request limits of ``settings`` (app/api/schemas.py); a 422 otherwise."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context={"limits": settings})
     except ValidationError as e:
         raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)],
                                      body=None) from None
 
 
 def media_type(request: Request) -> str:
+    """The request's Content-Type without parameters, lower-cased ("" when absent)."""
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
@@ -83,12 +87,29 @@ async def upload_form(request: Request, settings: Settings, fields: set[str]) ->
     return data, values
 
 
-def unsupported(request: Request) -> HTTPException:
-    return HTTPException(415, f"Content-Type {media_type(request) or '(none)'} is not accepted here: send "
-                              "application/json, or multipart/form-data with a file")
+def unsupported(request: Request, *, uploads: bool = True) -> HTTPException:
+    """The 415 for a body that is neither JSON nor (where ``uploads``) multipart/form-data."""
+    accepted = "application/json, or multipart/form-data with a file" if uploads else "application/json"
+    return HTTPException(415, f"Content-Type {media_type(request) or '(none)'} is not accepted here: send {accepted}")
 
 
-def body_doc(json_model_cls: type[BaseModel], form_schema: dict) -> dict:
-    return {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": json_model_cls.model_json_schema()},
-        "multipart/form-data": {"schema": form_schema, "encoding": {"file": {"contentType": "image/*"}}}}}}
+def body_doc(json_model_cls: type[BaseModel], form_schema: dict | None = None) -> dict:
+    """The ``openapi_extra`` of a route that reads its body itself: the JSON model's schema and, when given,
+    the multipart form's (its limits are filled in by ``schemas.apply_limits`` when the app builds its
+    document)."""
+    content: dict = {"application/json": {"schema": json_model_cls.model_json_schema()}}
+    if form_schema is not None:
+        content["multipart/form-data"] = {"schema": form_schema, "encoding": {"file": {"contentType": "image/*"}}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+def json_model(model: type[BaseModel]):
+    """A dependency that reads a JSON body as ``model`` under the settings' limits (a 415 for another
+    type): for routes that take JSON only (declare ``openapi_extra=body_doc(model)`` beside it)."""
+    async def read(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> BaseModel:
+        if media_type(request) != "application/json":
+            raise unsupported(request, uploads=False)
+        return validate(model, await json_body(request), settings)
+
+    read.__doc__ = f"The JSON body of the request, as {model.__name__}, under the settings' limits."
+    return read

@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ConfigDict
 
+from app.api.fields import QueryText
 from app.api.routers.bodies import body_doc, json_body, media_type, unsupported, upload_form, validate
 from app.api.routers.deps import COMMON_ERRORS, errors, get_captions, get_settings, json_model
 from app.api.schemas import (
@@ -19,7 +20,6 @@ from app.api.schemas import (
     CaptionersResponse,
     CaptionRequest,
     CaptionResponse,
-    QueryText,
 )
 from app.api.settings import Settings
 from search import CaptionService
@@ -48,6 +48,8 @@ class _CheckForm(BaseModel):
 
 @dataclass
 class CaptionQuery:
+    """A caption or caption-check request, parsed from JSON or an upload."""
+
     image_id: int | None = None
     data: bytes | None = None
     beam: int = 5
@@ -56,26 +58,31 @@ class CaptionQuery:
 
 
 async def caption_query(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> CaptionQuery:
+    """The body of POST /api/caption: JSON (a dataset image) or multipart/form-data (an upload), checked
+    under the settings' limits. 422 for bad fields, 413 for a file over the limit, 415 for another type."""
     mt = media_type(request)
     if mt == "application/json":
-        req = validate(CaptionRequest, await json_body(request))
+        req = validate(CaptionRequest, await json_body(request), settings)
         return CaptionQuery(image_id=req.image_id, beam=req.beam, captioners=req.captioners)
     if mt == "multipart/form-data":
         data, values = await upload_form(request, settings, {"beam", "captioners"})
         raw = {"beam": values["beam"][-1]} if "beam" in values else {}
-        f = validate(_CaptionForm, raw | ({"captioners": values["captioners"]} if "captioners" in values else {}))
+        f = validate(_CaptionForm, raw | ({"captioners": values["captioners"]} if "captioners" in values else {}),
+                     settings)
         return CaptionQuery(data=data, beam=f.beam, captioners=f.captioners)
     raise unsupported(request)
 
 
 async def check_query(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> CaptionQuery:
+    """The body of POST /api/caption/check: JSON or an upload, with the caption cleaned like a query.
+    422 / 413 / 415 as for ``caption_query``."""
     mt = media_type(request)
     if mt == "application/json":
-        req = validate(CaptionCheckRequest, await json_body(request))
+        req = validate(CaptionCheckRequest, await json_body(request), settings)
         return CaptionQuery(image_id=req.image_id, caption=req.caption)
     if mt == "multipart/form-data":
         data, values = await upload_form(request, settings, {"caption"})
-        f = validate(_CheckForm, {k: v[-1] for k, v in values.items()})
+        f = validate(_CheckForm, {k: v[-1] for k, v in values.items()}, settings)
         return CaptionQuery(data=data, caption=f.caption)
     raise unsupported(request)
 

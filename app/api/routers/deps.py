@@ -19,14 +19,17 @@ from search import CaptionService, SearchService
 
 
 async def get_service(request: Request) -> SearchService:
+    """The app's ``SearchService`` (``app.state.service``); tests swap it with ``dependency_overrides``."""
     return request.app.state.service
 
 
 async def get_captions(request: Request) -> CaptionService:
+    """The app's ``CaptionService`` (``app.state.captions``)."""
     return request.app.state.captions
 
 
 async def get_settings(request: Request) -> Settings:
+    """The app's settings (``app.state.settings``): the limits every body is validated against."""
     return request.app.state.settings
 
 
@@ -59,8 +62,10 @@ def _quoted(model: str) -> str:  # a handful of served names, quoted once each i
 
 
 def image_url(image_id: int, model: str) -> str:
+    """The API path of dataset image ``image_id`` as served by ``model`` (the name URL-quoted)."""
     return f"/api/images/{image_id}?model={_quoted(model)}"
 
 
 def thumbnail_url(image_id: int, model: str, size: int = 256) -> str:
+    """The API path of the image's thumbnail at most ``size`` pixels on a side."""
     return f"/api/images/{image_id}/thumbnail?model={_quoted(model)}&size={size}"

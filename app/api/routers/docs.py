@@ -15,6 +15,7 @@ router = APIRouter(include_in_schema=False)
 
 @router.get("/docs")
 async def swagger_ui(request: Request) -> HTMLResponse:
+    """Swagger UI for the OpenAPI document, its scripts and styles served from the installed package."""
     app = request.app
     return get_swagger_ui_html(openapi_url=app.openapi_url, title=f"{app.title} — API docs",
                                swagger_js_url=f"{ASSETS}/swagger-ui-bundle.js",
@@ -23,6 +24,7 @@ async def swagger_ui(request: Request) -> HTMLResponse:
 
 @router.get("/redoc")
 async def redoc(request: Request) -> HTMLResponse:
+    """ReDoc for the OpenAPI document, its script served from the installed package (no web fonts)."""
     app = request.app
     return get_redoc_html(openapi_url=app.openapi_url, title=f"{app.title} — API reference",
                           redoc_js_url=f"{ASSETS}/redoc.standalone.js", redoc_favicon_url=f"{ASSETS}/favicon.png",

@@ -12,6 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.api.fields import ItemId, ModelName, QueryText
 from app.api.routers.bodies import (
     EXPLAIN_UPLOAD_FORM,
     body_doc,
@@ -25,9 +26,6 @@ from app.api.routers.deps import COMMON_ERRORS, errors, get_service, get_setting
 from app.api.schemas import (
     ExplainRequest,
     ExplainResponse,
-    ItemId,
-    ModelName,
-    QueryText,
 )
 from app.api.settings import Settings
 from search import SearchService
@@ -38,6 +36,8 @@ Service = Annotated[SearchService, Depends(get_service)]
 
 @dataclass
 class ExplainQuery:
+    """An explain request, parsed from JSON or an upload."""
+
     models: list[str]
     query: str | None = None
     caption_id: int | None = None
@@ -53,14 +53,16 @@ class _ExplainForm(BaseModel):
 
 
 async def explain_query(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> ExplainQuery:
+    """The body of POST /api/explain: JSON or multipart/form-data (an upload), checked under the
+    settings' limits. 422 for bad fields, 413 for a file over the limit, 415 for another type."""
     mt = media_type(request)
     if mt == "application/json":
-        req = validate(ExplainRequest, await json_body(request))
+        req = validate(ExplainRequest, await json_body(request), settings)
         return ExplainQuery(models=req.models, query=req.query, caption_id=req.caption_id, image_id=req.image_id)
     if mt == "multipart/form-data":
         data, values = await upload_form(request, settings, {"models", "query", "caption_id"})
         raw = {"models": values.get("models", [])} | {k: values[k][-1] for k in ("query", "caption_id") if k in values}
-        f = validate(_ExplainForm, raw)
+        f = validate(_ExplainForm, raw, settings)
         return ExplainQuery(models=f.models, query=f.query, caption_id=f.caption_id, data=data)
     raise unsupported(request)
 

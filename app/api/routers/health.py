@@ -27,10 +27,14 @@ async def health(svc: Service) -> JSONResponse:
 
 @router.get("/models", response_model=list[ModelInfo], responses=COMMON_ERRORS)
 async def list_models(svc: Service) -> list[ModelInfo]:
-    """Every loaded model: dataset, split, counts, embedding size, evaluation summary, manifest."""
-    return [ModelInfo.model_validate(svc.model_info(n), from_attributes=True) for n in svc.registry.names]
+    """Every model: a serving one's dataset, split, counts, embedding size, evaluation summary and manifest;
+    one that could not be loaded as ``status: "down"`` with the reason, while the others serve. 503 while
+    the models are still loading."""
+    return [ModelInfo.model_validate(m, from_attributes=True) for m in svc.models()]
 
 
 @router.get("/models/{name}", response_model=ModelInfo, responses={**COMMON_ERRORS, **errors(404)})
 async def get_model(name: Annotated[str, Path(min_length=1, max_length=100)], svc: Service) -> ModelInfo:
+    """One served model: dataset, split, counts, index, training summary and eval report (404 for an
+    unknown name, 503 while loading)."""
     return ModelInfo.model_validate(svc.model_info(name), from_attributes=True)

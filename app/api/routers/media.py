@@ -6,12 +6,12 @@ maps it to the file the index recorded, and nothing from the request is ever joi
 from __future__ import annotations
 
 import os
-from pathlib import Path as FilePath
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import FileResponse
 
+from app.api.fields import MAX_ID
 from app.api.routers.deps import (
     COMMON_ERRORS,
     errors,
@@ -20,9 +20,10 @@ from app.api.routers.deps import (
     image_url,
     thumbnail_url,
 )
-from app.api.schemas import MAX_ID, CaptionInfo
+from app.api.schemas import CaptionInfo
 from app.api.settings import Settings
 from search import DatasetCaption, NotFound, SearchService
+from training.data.members import ImageMember
 
 router = APIRouter(prefix="/api", tags=["dataset"])
 Service = Annotated[SearchService, Depends(get_service)]
@@ -48,13 +49,21 @@ def get_image(image_id: ImageIdPath, request: Request, svc: Service, settings: C
               model: ModelQuery = None) -> Response:  # type: ignore[assignment]
     """The original image file of a dataset image (content type from its extension; ETag and
     Last-Modified, and 304 for a matching If-None-Match)."""
-    path: FilePath = svc.image_path(image_id, model)
-    try:
-        stat = os.stat(path)
-    except OSError:
-        raise NotFound(f"image {image_id} cannot be read on the server") from None
-    response = FileResponse(path, media_type=MEDIA_TYPES.get(path.suffix.lower(), "application/octet-stream"),
-                            headers=_cache_headers(settings), stat_result=stat)
+    path = svc.image_path(image_id, model)
+    media_type = MEDIA_TYPES.get(path.suffix.lower(), "application/octet-stream")
+    if isinstance(path, ImageMember):  # inside a webdataset shard: its byte range (bounded), not a file
+        try:
+            data, stat = path.read_bytes(), os.stat(path.container)
+        except OSError:
+            raise NotFound(f"image {image_id} cannot be read on the server") from None
+        tag = f'"{stat.st_mtime_ns:x}-{stat.st_size:x}-{path.offset:x}-{path.size:x}"'  # the shard's state, the range
+        response = Response(data, media_type=media_type, headers={"ETag": tag, **_cache_headers(settings)})
+    else:
+        try:
+            stat = os.stat(path)
+        except OSError:
+            raise NotFound(f"image {image_id} cannot be read on the server") from None
+        response = FileResponse(path, media_type=media_type, headers=_cache_headers(settings), stat_result=stat)
     etag = response.headers["etag"]
     if etag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
         return Response(status_code=304, headers={"ETag": etag, **_cache_headers(settings)})

@@ -1,5 +1,5 @@
 """GET /metrics: Prometheus text exposition (request counters and latency histograms from
-app/prom.py, plus the service's cache and batching counters)."""
+app/api/prom.py, plus the service's cache and batching counters)."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
@@ -12,6 +12,8 @@ router = APIRouter(tags=["ops"])
 
 
 def register_service_collectors(registry: Registry, svc: SearchService) -> None:
+    """Add the service's gauges and counters (models loaded, readiness, the query cache, the batchers and
+    text runtimes) to ``registry``; they are read at every scrape."""
     models = svc.registry
     registry.add_collector("models_loaded", "gauge", "Models loaded and serving.",
                            lambda: [({}, len(models.entries) if models.ready.is_set() else 0)])
@@ -35,4 +37,6 @@ def register_service_collectors(registry: Registry, svc: SearchService) -> None:
             responses={200: {"content": {CONTENT_TYPE.split(";")[0]: {"schema": {"type": "string"}}},
                              "description": "Prometheus text format 0.0.4"}})
 async def prometheus_metrics(request: Request) -> PlainTextResponse:
+    """Prometheus text exposition: request counts and latency histograms by route, and the service's
+    cache, batching and model counters."""
     return PlainTextResponse(request.app.state.metrics.render(), media_type=CONTENT_TYPE)

@@ -96,6 +96,8 @@ def ranks_of(scores: np.ndarray, own: np.ndarray, *, in_index: bool) -> np.ndarr
 # ---- results -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WordAttribution:
+    """One word of a query under one model: the image's score and rank without it, and the change."""
+
     word: str
     start: int  # offsets in the model's query text
     end: int
@@ -108,6 +110,8 @@ class WordAttribution:
 
 @dataclass(frozen=True)
 class ModelAttribution:
+    """The word attributions of one query for one image under one model."""
+
     model: str
     text: str  # the query as this model encodes it (a dataset caption's model text)
     score: float  # the full query's score for the image
@@ -130,6 +134,7 @@ class Explanation:
 
     @property
     def summary(self) -> list[str]:
+        """Plain sentences about the words the models treat most differently (empty with one model)."""
         return summary_sentences(self)
 
 

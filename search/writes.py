@@ -1,0 +1,249 @@
+"""Writes to a served living index: add, remove and edit items, list them, reload and compact.
+
+``ItemWrites`` (``service.writes``) is what the write routes and the UI call. Writes are off unless
+the server was started writable (``ltd serve --writable``: the registry creates item stores); the
+token that guards them is the API layer's business. Per model, writes are serialised (a lock; across
+processes SQLite's own lock): two writers never lose an update. Each write is durable when it returns
+(indexer/items.py) and is applied to the served snapshot before it returns, so the next query sees it
+(read-your-writes). Uploads are checked (type, pixel budget) and embedded here, in the request's
+thread, before the store's transaction; a server-side folder is read only inside the operator's
+ingest roots (``--ingest-root``).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from indexer import compact
+from indexer.corpus import image_files
+from indexer.embed import embed_captions
+from indexer.file_meta import file_metadata
+from indexer.ingest import IMAGE_SUFFIX, ItemInput, prepare, sha256_bytes
+from indexer.items import NewImage
+from search.errors import BadRequest, Conflict, Forbidden, NotFound
+from search.files import sniff_image_type
+from search.filters import FIELD_NAME
+from search.registry import ModelEntry
+
+log = logging.getLogger(__name__)
+
+MAX_CAPTIONS = 20  # per item
+MAX_CAPTION_CHARS = 1000
+
+
+@dataclass
+class Upload:
+    """One image sent to the server: its bytes, name, captions and metadata (all checked here)."""
+
+    data: bytes
+    filename: str = "upload"
+    captions: list[str] = field(default_factory=list)
+    metadata: dict = field(default_factory=dict)
+
+
+def check_metadata(md: object) -> dict:
+    """User metadata: a JSON object of scalars or lists of scalars, names like filter fields."""
+    if not isinstance(md, dict):
+        raise BadRequest("metadata must be a JSON object")
+    if len(md) > 64:
+        raise BadRequest("metadata: at most 64 fields")
+    for key, value in md.items():
+        if not FIELD_NAME.fullmatch(key):  # the field-name rule of filters, so every field can be filtered on
+            raise BadRequest(f"metadata: {key[:80]!r} is not a field name (a letter or _, then letters, digits, "
+                             "_ . -; at most 64 characters)")
+        values = value if isinstance(value, list) else [value]
+        if len(values) > 100 or not all(v is None or isinstance(v, (str, int, float, bool)) for v in values):
+            raise BadRequest(f"metadata.{key}: a scalar or a list of at most 100 scalars")
+        if any(isinstance(v, str) and len(v) > 1000 for v in values):
+            raise BadRequest(f"metadata.{key}: strings of at most 1000 characters")
+    return md
+
+
+def check_captions(captions: object) -> list[str]:
+    """Captions given with an item: a list of strings, whitespace collapsed, each non-empty and within the
+    length limit (BadRequest otherwise)."""
+    if not isinstance(captions, list) or len(captions) > MAX_CAPTIONS or not all(isinstance(c, str) for c in captions):
+        raise BadRequest(f"captions must be a list of at most {MAX_CAPTIONS} strings")
+    out = [" ".join(c.split()) for c in captions]
+    if any(not c or len(c) > MAX_CAPTION_CHARS for c in out):
+        raise BadRequest(f"each caption is 1 to {MAX_CAPTION_CHARS} characters")
+    return out
+
+
+class ItemWrites:
+    """See the module doc. ``service``: the SearchService whose registry, uploads and encoder it uses."""
+
+    def __init__(self, service, *, ingest_roots: tuple[str, ...] = (), compact_after: int = 0):
+        self.svc = service
+        self.compact_after = compact_after
+        self.ingest_roots = tuple(Path(r).resolve() for r in ingest_roots)
+        self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._compacting: set[str] = set()
+
+    def _entry(self, name: str) -> ModelEntry:
+        e = self.svc.registry.get(name)
+        if not self.svc.registry.writable or e.live is None or e.live.store is None:
+            raise Forbidden("this server does not take writes (start it with `ltd serve --writable`)")
+        return e
+
+    def _commit(self, name: str, write) -> tuple[ModelEntry, object]:
+        """Run ``write(store)`` under the model's lock, then apply it to the served snapshot."""
+        with self._locks[name]:
+            e = self._entry(name)
+            result = write(e)
+            e.live.apply(e.live.store.changes_since(e.live.seq))
+        if self.compact_after and name not in self._compacting and sum(e.live.pending().values()) >= self.compact_after:
+            self.compact(name)  # in the background; answers keep coming from the current generation
+        return self.svc.registry.get(name), result
+
+    # ---- adding ---------------------------------------------------------------------------------
+    def add(self, name: str, uploads: list[Upload]) -> list[dict]:
+        """Add uploaded images: [{id, added}] in order (``added`` false: the same image was already there)."""
+        if not 1 <= len(uploads) <= self.svc.config.max_items_per_add:
+            raise BadRequest(f"send 1 to {self.svc.config.max_items_per_add} images at a time")
+        e = self._entry(name)
+        rows = self._embed_uploads(e, uploads)
+        _, (seq, ids) = self._commit(name, lambda entry: entry.live.store.add(rows))
+        return [{"id": i, "added": added} for i, added in ids]
+
+    def _embed_uploads(self, e: ModelEntry, uploads: list[Upload]) -> list[NewImage]:
+        backbone = e.model.image.backbone
+        if backbone is None:
+            raise BadRequest(f"model {e.name} has no image backbone: it cannot embed new images")
+        checked = [(u, check_captions(u.captions), check_metadata(u.metadata)) for u in uploads]
+        images = [self.svc.uploads.decode(u.data, 2 * backbone.preprocess.resize) for u, _, _ in checked]
+        with torch.inference_mode():
+            x = e.model.image.prepare(images).to(e.model.device)
+            vectors = e.model.image(x).float().cpu().numpy()
+        texts = [c for _, caps, _ in checked for c in caps]
+        cap_vecs = embed_captions(e.model, texts) if texts else np.zeros((0, vectors.shape[1]), np.float32)
+        rows, c = [], 0
+        store = e.live.store
+        for (u, caps, md), v in zip(checked, vectors):
+            digest = sha256_bytes(u.data)
+            path = store.store_file(digest, _suffix(u.data), u.data)
+            captions = [(t, t, cap_vecs[c + j]) for j, t in enumerate(caps)]
+            c += len(caps)
+            rows.append(NewImage(vector=v, sha256=digest, path=str(path), filename=Path(u.filename).name[:200] or path.name,
+                                 metadata={**file_metadata(path), **md}, captions=captions))
+        return rows
+
+    def add_folder(self, name: str, folder: str, *, metadata: dict | None = None) -> list[dict]:
+        """Add the images of a server-side folder, named relative to one of the ingest roots."""
+        if not self.ingest_roots:
+            raise Forbidden("this server reads no folders of its own (start it with --ingest-root DIR)")
+        md = check_metadata(metadata or {})
+        if not isinstance(folder, str) or "\0" in folder or Path(folder).is_absolute():
+            raise BadRequest("folder must be a path relative to the server's ingest root")
+        for root in self.ingest_roots:
+            target = (root / folder).resolve()
+            if target.is_dir() and target.is_relative_to(root):
+                break
+        else:
+            raise NotFound("no such folder under the server's ingest roots")
+        e = self._entry(name)
+        files = [p for p in image_files(target) if p.resolve().is_relative_to(root)]
+        rows, failed = prepare(e.model, e.live.store, [ItemInput(path=p, metadata=dict(md)) for p in files], root=root)
+        _, (seq, ids) = self._commit(name, lambda entry: entry.live.store.add(rows))
+        return [{"id": i, "added": added} for i, added in ids] + \
+            [{"file": files[k].name, "skipped": why} for k, why in sorted(failed.items())]
+
+    # ---- removing and editing -------------------------------------------------------------------
+    def remove(self, name: str, image_id: int) -> dict:
+        """Remove an image (and its captions): gone from every answer when this returns."""
+        _, (seq, found) = self._commit(name, lambda e: e.live.store.remove([int(image_id)]))
+        if not found:
+            raise NotFound(f"image id {image_id} is not in model {name}'s index")
+        return {"id": int(image_id), "removed": True}
+
+    def edit(self, name: str, image_id: int, *, metadata: dict | None = None, captions: list[str] | None = None,
+             merge: bool = True) -> dict:
+        """Change an image's metadata (merged into what it has, unless ``merge`` is false; a field set to
+        null is dropped) and/or replace its captions (embedded again)."""
+        if metadata is None and captions is None:
+            raise BadRequest("give metadata and/or captions")
+        e = self._entry(name)
+        if image_id not in e.image_pos:
+            raise NotFound(f"image id {image_id} is not in model {name}'s index")
+        new_md = None
+        if metadata is not None:
+            check_metadata(metadata)
+            current = e.live.store.metadata([int(image_id)]).get(int(image_id), {}) if merge else {}
+            new_md = {k: v for k, v in {**current, **metadata}.items() if v is not None}
+        caps = None
+        if captions is not None:
+            texts = check_captions(captions)
+            vecs = embed_captions(e.model, texts) if texts else []
+            caps = [(t, t, vecs[j]) for j, t in enumerate(texts)]
+        try:
+            self._commit(name, lambda entry: entry.live.store.edit(int(image_id), new_md, caps))
+        except KeyError:
+            raise NotFound(f"image id {image_id} is not in model {name}'s index") from None
+        return self.get(name, image_id)
+
+    # ---- reading --------------------------------------------------------------------------------
+    def get(self, name: str, image_id: int) -> dict:
+        """One item: id, file name, metadata, captions."""
+        e = self.svc.registry.get(name)
+        row = e.image_pos.get(int(image_id))
+        if row is None:
+            raise NotFound(f"image id {image_id} is not in model {name}'s index")
+        return self._item(e, row)
+
+    def _item(self, e: ModelEntry, row: int) -> dict:
+        im, cap = e.index.images.meta, e.index.captions.meta
+        caps = e.live.caption_rows(row)
+        return {"id": int(im["ids"][row]), "filename": im["filenames"][row], "metadata": e.live.metadata(row),
+                "captions": [{"id": int(cap["ids"][c]), "text": cap["texts"][c]} for c in caps]}
+
+    def list(self, name: str, *, filter: dict | None = None, after: int | None = None, limit: int = 100) -> dict:
+        """Items in id order, ``limit`` at a time after the id ``after``, restricted by ``filter``."""
+        if not 1 <= limit <= 1000:
+            raise BadRequest("limit must be 1 to 1000")
+        e = self.svc.registry.get(name)
+        ids = np.asarray(e.index.images.meta["ids"], dtype=np.int64)
+        ok = ~e.index.images.index.dead[: len(ids)]
+        mask, _ = self.svc.filter_masks(e, filter, captions=False)
+        if mask is not None:
+            ok &= mask
+        rows = np.flatnonzero(ok & (ids > after if after is not None else True))
+        rows = rows[np.argsort(ids[rows], kind="stable")][: limit + 1]
+        items = [self._item(e, int(r)) for r in rows[:limit]]
+        return {"items": items, "next_after": items[-1]["id"] if len(rows) > limit else None,
+                "total": int(ok.sum()), "generation": e.generation}
+
+    # ---- other processes, compaction -------------------------------------------------------------
+    def reload(self, name: str) -> dict:
+        """Pick up another process's changes now (the watcher does it within a second anyway)."""
+        changed = self.svc.registry.refresh(name, wait=True)
+        e = self.svc.registry.get(name)
+        return {"changed": changed, "generation": e.generation, "seq": e.seq}
+
+    def compact(self, name: str) -> dict:
+        """Write the living index as its next generation, in the background (409 when one is running)."""
+        e = self._entry(name)
+        if name in self._compacting:
+            raise Conflict(f"a compaction of model {name} is already running")
+        self._compacting.add(name)
+
+        def run() -> None:
+            try:
+                compact.compact(e.index.path)
+                self.svc.registry.refresh(name, wait=True)
+            except Exception as err:  # noqa: BLE001 - logged; the served index is unchanged
+                log.error("model %s: compaction failed: %s", name, err)
+            finally:
+                self._compacting.discard(name)
+
+        threading.Thread(target=run, name=f"ltd-compact-{name}", daemon=True).start()
+        return {"compacting": True, "pending": e.live.store.pending()}
+
+
+def _suffix(data: bytes) -> str:
+    return IMAGE_SUFFIX.get(sniff_image_type(data) or "", ".img")
