@@ -104,8 +104,13 @@ def init_from_env(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) ->
     return r
 
 
-def shutdown() -> None:
+def shutdown(*, clean: bool = False) -> None:
+    """Leave the process group. ``clean``: every rank finished its work (the success path), so they meet
+    at a barrier first and none tears its connections down while a peer still uses them (gloo aborts a
+    process whose peer vanished mid-teardown). After a failure no barrier: a dead peer would never come."""
     if dist.is_available() and dist.is_initialized():
+        if clean and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 
