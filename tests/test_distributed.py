@@ -66,6 +66,11 @@ def _inputs(n: int):
     return img, txt, ids, targets, decoder
 
 
+def _next_lambda(combiner) -> float | None:
+    """The λ the next step applies (None without a constraint)."""
+    return None if combiner.multiplier is None else float(combiner.multiplier)
+
+
 def _objective_terms(rank: int, world: int) -> dict:
     """One step of the objective on this rank's rows for every contrastive loss and global batch size,
     the parameters' gradients as DDP would leave them (averaged over the ranks)."""
@@ -91,11 +96,13 @@ def _objective_terms(rank: int, world: int) -> dict:
         objective.step_done(out)
         # d(global loss)/d(this rank's rows): a rank's backward carries W × that (DDP divides by W)
         res[name, n] = {**{k: float(out[k].detach()) for k in ("loss", "l_con", "l_rec", "lambda")},
-                     "lambda_next": objective.combiner.lambda_value, "img_grad": i.grad / world,
+                     "lambda_next": _next_lambda(objective.combiner), "img_grad": i.grad / world,
                      "txt_grad": t.grad / world, "decoder_grads": grads}
     return res
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_global_batch_loss_and_gradients_equal_one_process(tmp_path):
     """2 × 8 (and 8 + 7) on gathered embeddings = 1 × 16 (15) for every contrastive loss with the LTD
     constraint: the values, λ's next value on every rank, and every gradient."""
@@ -158,10 +165,12 @@ def _loop_steps(world: int, mode: str, extra: list[str], steps: int, run_dir: st
         out, gnorm = train_step(r, batches[s], torch.Generator().manual_seed(100 + s), None)
         rows.append({"loss": float(out["loss"].detach()), "grad_norm": gnorm,
                      **({"lambda": float(out["lambda"])} if "lambda" in out else {})})
-    lam = r.objective.combiner.lambda_value
+    lam = _next_lambda(r.objective.combiner)
     return {"rows": rows, "lambda_next": lam, "params": {k: v.clone() for k, v in r.model.state_dict().items()}}
 
 
+@pytest.mark.slow
+@pytest.mark.training
 def test_two_processes_train_like_one_on_the_global_batch(tmp_path):
     """The real set-up and step (DDP around the encoders, the global batch gathered): after optimiser
     steps on 2 × 8 the parameters equal those of 1 × 16 within 1e-5 (InfoNCE + the LTD constraint,
@@ -247,8 +256,11 @@ def test_ltd_train_nproc_2_then_index_and_eval(tmp_path):
     assert out.count("epoch 1/2") == 1  # one voice: rank 1 logs warnings only
     assert main(_train_args(tmp_path / "one")) == 0
     _assert_rows_close(_rows(tmp_path / "two"), _rows(tmp_path / "one"), rel=1e-4)
-    assert [v["rsum"] for v in _rows(tmp_path / "two", "val")] == pytest.approx(
-        [v["rsum"] for v in _rows(tmp_path / "one", "val")], abs=1.0)
+    # 6 val images: parameters equal within 1e-5 can still swap two near-tied neighbours, and one swap moves
+    # R@1 by 16.7; the mean ranks move by at most 1/6 per swap, so they are what must agree
+    for key in ("i2t_meanr", "t2i_meanr"):
+        assert [v[key] for v in _rows(tmp_path / "two", "val")] == pytest.approx(
+            [v[key] for v in _rows(tmp_path / "one", "val")], abs=0.34), key
     from training.prepare import resolve_dataset_path
 
     ds = resolve_dataset_path("", synthetic_images=60)
