@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import socket
+import sys
 from collections.abc import Callable, Iterator
 
 import torch
@@ -62,8 +63,6 @@ def leave_quietly() -> None:
     are committed atomically) and has nothing to report, while the destructors of torch's and gloo's
     background threads can abort a process at exit under load ("terminate called without an active
     exception"), which the agent would count as a failed run."""
-    import sys
-
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
