@@ -5,8 +5,9 @@ ray``): called with a verified ``ShardedDir`` it deploys one Serve application p
 the shard loaded with ``ShardSearcher``, memory-mapped, verified by sha256 in each replica) and returns
 ``RayShards``, whose ``submit`` sends a search to one of the shard's replicas (Serve's router picks it).
 
-Faults are answers: a call that fails or takes longer than ``timeout`` seconds (a replica killed, none
-alive, a node gone) raises ``ShardDown``, the caller leaves that shard out and marks the answer partial.
+Faults are answers: a call whose replica died with it is sent once more (another replica of the shard
+answers it); a call that still fails, or takes longer than ``timeout`` seconds (no replica alive, a node
+gone), raises ``ShardDown``, and the caller leaves that shard out and marks the answer partial.
 A shard counts as down from such a failure until it answers again; a prober thread pings every shard
 each ``probe_s`` seconds so /api/health sees a shard come back (Serve's controller replaces a dead
 replica: its health check runs every ``HEALTH_CHECK_S``) without waiting for a query.
@@ -58,21 +59,39 @@ class ShardReplica:
 
 
 class _Call:
-    def __init__(self, shards: RayShards, shard: int, response):
-        self.shards, self.shard, self.response = shards, shard, response
+    """One shard's answer on its way. A replica that died with the call (killed, its node gone) costs one
+    resend inside the same deadline — Serve's router picks a live replica — so a shard with another
+    replica still answers whole; a timeout or a second failure is a missing shard."""
+
+    RESENDS = 1
+
+    def __init__(self, shards: RayShards, shard: int, send):
+        self.shards, self.shard, self.send = shards, shard, send
+        self.response = send()
 
     def result(self, timeout: float | None = None):
-        try:
-            out = self.response.result(timeout_s=timeout or self.shards.timeout)
-        except Exception as e:  # noqa: BLE001 - any failure of a remote shard is a missing shard, not an error
-            self.shards.mark(self.shard, ok=False)
+        deadline = time.monotonic() + (timeout or self.shards.timeout)
+        for attempt in range(self.RESENDS + 1):
             try:
-                self.response.cancel()
-            except Exception:  # noqa: BLE001 - it may be gone already
-                pass
-            raise ShardDown(f"shard {self.shard}: {type(e).__name__}") from None
+                out = self.response.result(timeout_s=max(0.05, deadline - time.monotonic()))
+                break
+            except Exception as e:  # noqa: BLE001 - any failure of a remote shard is a missing shard, not an error
+                if attempt < self.RESENDS and _replica_died(e) and time.monotonic() < deadline:
+                    self.response = self.send()
+                    continue
+                self.shards.mark(self.shard, ok=False)
+                try:
+                    self.response.cancel()
+                except Exception:  # noqa: BLE001 - it may be gone already
+                    pass
+                raise ShardDown(f"shard {self.shard}: {type(e).__name__}") from None
         self.shards.mark(self.shard, ok=True)
         return out
+
+
+def _replica_died(e: BaseException) -> bool:
+    """The call failed because its replica's actor is gone (not a timeout, not an error of the search)."""
+    return isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError))
 
 
 def app_names(sd: ShardedDir) -> list[str]:
@@ -95,7 +114,8 @@ class RayShards:
 
     def submit(self, shard: int, side: str, queries: np.ndarray, k: int) -> _Call:
         """Send a search to one of shard ``shard``'s replicas; ``result()`` gives (scores, parent rows)."""
-        return _Call(self, shard, self.handles[shard].search.remote(side, np.asarray(queries, np.float32), int(k)))
+        q = np.asarray(queries, np.float32)
+        return _Call(self, shard, lambda: self.handles[shard].search.remote(side, q, int(k)))
 
     def mark(self, shard: int, *, ok: bool) -> None:
         """Record that ``shard`` answered (``ok``) or did not."""

@@ -252,3 +252,44 @@ def test_top_rows_decides_ties_at_the_cut_by_row():
         got_s, got_r = top_rows(scores, rows, k)
         order = np.lexsort((rows, -scores))[:k]
         assert got_r.tolist() == rows[order].tolist() and got_s.tolist() == scores[order].tolist()
+
+
+class _Reply:
+    def __init__(self, outcome):
+        self.outcome, self.cancelled = outcome, False
+
+    def result(self, timeout_s=None):
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+    def cancel(self):
+        self.cancelled = True
+
+
+@pytest.mark.parametrize("first, second, whole", [
+    ("died", "ok", True),        # its replica died with the call: sent once more, another replica answers
+    ("died", "died", False),     # no live replica: one resend, then a missing shard
+    ("error", "ok", False),      # the search itself failed: not resent
+])
+def test_a_call_whose_replica_died_is_sent_once_more(first, second, whole):
+    ray = pytest.importorskip("ray")
+    from indexer.shards_ray import RayShards, _Call
+    from indexer.shards_search import ShardDown
+
+    outcome = {"died": ray.exceptions.RayActorError(), "error": ValueError("bad"), "ok": ("scores", "rows")}
+    replies = [_Reply(outcome[first]), _Reply(outcome[second])]
+    sent = []
+    shards = RayShards([None], ["s"], timeout=5.0, probe_s=0)
+
+    def send():
+        sent.append(1)
+        return replies[len(sent) - 1]
+    call = _Call(shards, 0, send)
+    if whole:
+        assert call.result() == ("scores", "rows") and shards.down() == []
+    else:
+        with pytest.raises(ShardDown):
+            call.result()
+        assert shards.down() == [0]
+    assert len(sent) == (1 if first == "error" else 2)
