@@ -183,7 +183,7 @@ def run(args) -> dict:
     from indexer.index import read_manifest
 
     tmp = Path(tempfile.mkdtemp(prefix="living_add_", dir=args.tmp))
-    res = {"machine": machine_line(), "date": today(), "command": "python bench/living_add.py " + " ".join(args.argv),
+    res = {"machine": machine_line(), "date": today(), "command": "python bench/living_add.py " + " ".join(args.argv), "nice": os.nice(0),
            "load1_start": load1(), "concurrency": args.concurrency, "tmp": str(tmp),
            "torch_threads": args.torch_threads}
     dataset = Path(args.dataset)
@@ -257,13 +257,18 @@ server (0: torch's default, one thread per core): on two cores that the search l
 CPU the add takes is CPU the searches lose, and the server's torch threads trade one target for the other."""
 
 
+def nice_prefix(res: dict) -> str:
+    """``nice -n N `` when the bench ran below normal priority (records before ``nice`` was kept: none)."""
+    return f"nice -n {res['nice']} " if res.get("nice") else ""
+
+
 def render(res: dict, s: dict) -> str:
     ok = lambda good: "yes" if good else "**no**"  # noqa: E731
     a, off = res["add"], res["offline"]
     lines = [f"### `ltd serve --torch-threads {res['torch_threads']}`", "",
-             f"Machine: {res['machine']}. Date: {res['date']}. Command: `nice -n 10 {res['command']}` (1-minute load "
-             f"{res['load1_start']:.1f} at the start, {res['load1_end']:.1f} at the end: the 2 cores were shared with "
-             f"other jobs; compare the ratios, measured in the same run). Index: {res['base_images']:,} images; "
+             f"Machine: {res['machine']}. Date: {res['date']}. Command: `{nice_prefix(res)}{res['command']}` (1-minute "
+             f"load {res['load1_start']:.1f} at the start, {res['load1_end']:.1f} at the end; compare "
+             f"the ratios, measured in the same run). Index: {res['base_images']:,} images; "
              f"load at concurrency {res['concurrency']}.", "",
              "| what | value | target | met |", "|---|---:|---:|:-:|",
              f"| search p50 / p99, idle (before and after the add: {s['idle']['requests']:,} requests) | "
