@@ -6,26 +6,14 @@ Every route takes ``filter`` (only items whose metadata match) and ``cursor`` (t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
-from pydantic import BaseModel, ConfigDict, Json
 
-from app.api.fields import Cursor, K, ModelName
 from app.api.item_schemas import BatchRequest, BatchResponse, CaptionSearchRequest, SimilarRequest, VectorSearchRequest
-from app.api.routers.bodies import (
-    IMAGE_UPLOAD_FORM,
-    body_doc,
-    json_body,
-    json_model,
-    media_type,
-    unsupported,
-    upload_form,
-    validate,
-)
+from app.api.routers.bodies import IMAGE_UPLOAD_FORM, body_doc, json_model
 from app.api.routers.deps import get_service, get_settings, json_response
-from app.api.routers.search import IMAGE_HITS, UPLOAD_ERRORS, image_answer, text_answer
+from app.api.routers.search import IMAGE_HITS, UPLOAD_ERRORS, ImageQuery, image_answer, image_body, text_answer
 from app.api.schemas import ImageSearchResponse, TextSearchResponse
 from app.api.settings import Settings
 from search import SearchResult, SearchService
@@ -39,40 +27,14 @@ def answer(r: SearchResult, k: int) -> dict:
     return (text_answer if r.direction in IMAGE_HITS else image_answer)(r, k)
 
 
-@dataclass
-class SimilarQuery:
-    model: str | None
-    k: int
-    image_id: int | None = None
-    data: bytes | None = None
-    filter: dict | None = None
-    cursor: str | None = None
-
-
-class _SimilarForm(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: ModelName = None  # type: ignore[assignment]
-    k: K = 10
-    filter: Json[dict[str, Any]] | None = None
-    cursor: Cursor = None
-
-
-async def similar_query(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> SimilarQuery:
+async def similar_query(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> ImageQuery:
     """A JSON ``SimilarRequest`` (a served image's id) or an upload with its form fields."""
-    mt = media_type(request)
-    if mt == "application/json":
-        req = validate(SimilarRequest, await json_body(request), settings)
-        return SimilarQuery(model=req.model, k=req.k, image_id=req.image_id, filter=req.filter, cursor=req.cursor)
-    if mt == "multipart/form-data":
-        data, values = await upload_form(request, settings, {"model", "k", "filter", "cursor"})
-        f = validate(_SimilarForm, {k: v[-1] for k, v in values.items()}, settings)
-        return SimilarQuery(model=f.model, k=f.k, data=data, filter=f.filter, cursor=f.cursor)
-    raise unsupported(request)
+    return await image_body(request, settings, SimilarRequest)
 
 
 @router.post("/similar", response_model=TextSearchResponse, responses=UPLOAD_ERRORS,
              openapi_extra=body_doc(SimilarRequest, IMAGE_UPLOAD_FORM))
-def similar_images(q: Annotated[SimilarQuery, Depends(similar_query)], svc: Service) -> Response:
+def similar_images(q: Annotated[ImageQuery, Depends(similar_query)], svc: Service) -> Response:
     """Image → images, "more like this": JSON ``{"image_id": 42}`` (a served image: it ranks first) or an
     upload (multipart/form-data ``file``)."""
     name = q.model or svc.registry.default_name

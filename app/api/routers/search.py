@@ -135,12 +135,17 @@ async def text_request(request: Request, settings: Annotated[Settings, Depends(g
 
 
 async def image_query(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> ImageQuery:
-    """The body of POST /api/search/image (and /api/search/similar): JSON (a served image's id) or
-    multipart/form-data (an upload), with ``filter`` and ``cursor``, checked under the settings' limits.
-    422 for bad fields, 413 for a file over the limit, 415 for another type."""
+    """The body of POST /api/search/image (``image_body`` with ``ImageSearchRequest``)."""
+    return await image_body(request, settings, ImageSearchRequest)
+
+
+async def image_body(request: Request, settings: Settings, json_model: type[BaseModel]) -> ImageQuery:
+    """An image query's body: JSON (``json_model``: a served image's id) or multipart/form-data (an upload),
+    with ``filter`` and ``cursor``, checked under the settings' limits. 422 for bad fields, 413 for a file
+    over the limit, 415 for another type."""
     mt = media_type(request)
     if mt == "application/json":
-        req = validate(ImageSearchRequest, await json_body(request), settings)
+        req = validate(json_model, await json_body(request), settings)
         return ImageQuery(model=req.model, k=req.k, image_id=req.image_id, filter=req.filter, cursor=req.cursor)
     if mt == "multipart/form-data":
         data, values = await upload_form(request, settings, {"model", "k", "filter", "cursor"})
