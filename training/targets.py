@@ -22,7 +22,14 @@ from training.errors import UserFileNotFound, UserValueError
 from training.fsio import exclusive, save_npy_atomic
 from training.hf_env import set_hf_environment
 from training.models.backbones import cpu_bf16_fast
-from training.packaged_models import GLOVE_MEAN, MPNET_ALIASES, glove_mean_path, mpnet_path
+from training.packaged_models import (
+    GLOVE_MEAN,
+    GLOVE_RANDLSTM,
+    MPNET_ALIASES,
+    glove_mean_path,
+    glove_randlstm_path,
+    mpnet_path,
+)
 from training.progress import bars
 
 log = logging.getLogger(__name__)
@@ -35,12 +42,14 @@ def resolve_sentence_model(path: str = "") -> Path:
         return mpnet_path()
     if path == GLOVE_MEAN:
         return glove_mean_path()
+    if path == GLOVE_RANDLSTM:
+        return glove_randlstm_path()
     p = Path(path).expanduser()
     if not (p / "modules.json").is_file() and not (p / "config.json").is_file():
         raise UserFileNotFound(
             f"sentence model {path!r} is not a local sentence-transformers folder (no modules.json/config.json); "
             "models are never downloaded: pass a folder on disk, '' for the packaged all-MiniLM-L6-v2 or "
-            "'all-mpnet-base-v2' (extra [mpnet]) or 'glove-mean' (Flickr-clean: mean GloVe vector)"
+            "'all-mpnet-base-v2' (extra [mpnet]) or 'glove-mean' / 'glove-randlstm' (Flickr-clean, see training/packaged_models.py)"
         )
     return p
 
@@ -109,6 +118,10 @@ def _compute(texts: Sequence[str], path: Path, model_path: str, out: Path, batch
         emb = model.encode(list(texts), batch_size=batch_size, convert_to_numpy=True,
                            show_progress_bar=bars(show_progress), normalize_embeddings=False)
     emb = np.asarray(emb, dtype=np.float32)
+    empty = ~np.isfinite(emb).all(axis=1)  # max pooling over no known word (glove-randlstm) gives -inf
+    if empty.any():
+        emb[empty] = 0.0
+        log.warning("LTD targets: %d of %d captions have no word %s knows: zero targets", empty.sum(), len(emb), path.name)
     save_npy_atomic(out, emb)
     log.info("LTD targets: %d captions → %s (%s)", len(texts), out, path.name)
     return emb
