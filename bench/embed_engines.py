@@ -132,11 +132,13 @@ def cosine_min(a, b) -> float:
 
 
 def captions_per_s(hidden: int, n: int = 5000) -> float:
+    from training.config import ModelConfig
     from training.data.vocab import SPECIALS, Vocab
     from training.models.text_encoder import GRUTextEncoder
 
     words = [f"w{i}" for i in range(8000)]
-    enc = GRUTextEncoder(Vocab(list(SPECIALS) + words), 50, hidden, 1024, head_hidden=2048).eval()
+    enc = GRUTextEncoder(Vocab(list(SPECIALS) + words),
+                         ModelConfig(word_dim=50, text_hidden=hidden, embed_dim=1024, head_hidden=2048)).eval()
     rng = np.random.default_rng(0)
     texts = [" ".join(rng.choice(words, int(rng.integers(8, 16)))) for _ in range(n)]
 

@@ -67,7 +67,8 @@ def ivf_index(xb: np.ndarray, cache: Path):
         built_s = time.perf_counter() - t
         vi.save(path)
         del vi
-    return VectorIndex.load(path, plan.factory, nprobe=plan.nprobe, rerank=plan.rerank, exact=xb), built_s
+    spec = {"factory": plan.factory, "nprobe": plan.nprobe, "rerank": plan.rerank}
+    return VectorIndex.load(path, spec, exact=xb), built_s
 
 
 def truth_topk(xb: np.ndarray, rows: np.ndarray, xq: np.ndarray, k: int, chunk: int = 131_072) -> np.ndarray:

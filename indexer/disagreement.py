@@ -13,7 +13,7 @@ import numpy as np
 
 from indexer.evaluate import ground_truth, similarities
 from indexer.index import IndexDir, IndexDirError
-from indexer.metrics import query_metrics
+from indexer.metrics import MetricsSpec, query_metrics
 from indexer.relevance import rouge_relevance
 
 FIELDS = ["direction", "query_index", "query_id", "query", "a_rank", "b_rank", "a_p@k", "b_p@k", "a_ndcg", "b_ndcg",
@@ -45,17 +45,18 @@ def compare_indexes(a: IndexDir, b: IndexDir, *, relevance: bool | np.ndarray = 
     else:
         rel = rouge_relevance(a, show_progress=False) if relevance else None
     cap_rows = np.flatnonzero(mask)
+    spec = MetricsSpec(p_at=p_at, ndcg_k=ndcg_k)
     per: dict[str, dict[str, dict[str, np.ndarray]]] = {}
     for tag, ix in (("a", a), ("b", b)):
         sims = similarities(ix)
         per[tag] = {}
         if "t2i" in directions:
             per[tag]["t2i"] = query_metrics(sims.T[cap_rows], [np.array([c2i[j]]) for j in cap_rows],
-                                            relevance=None if rel is None else rel[cap_rows], p_at=p_at, ndcg_k=ndcg_k)
+                                            relevance=None if rel is None else rel[cap_rows], spec=spec)
         if "i2t" in directions:
             caps = [np.asarray(c, dtype=np.int64) for c in ix.images.meta["captions"]]
             per[tag]["i2t"] = query_metrics(sims, caps, relevance=None if rel is None else np.ascontiguousarray(rel.T),
-                                            p_at=p_at, ndcg_k=ndcg_k)
+                                            spec=spec)
     rows: list[dict] = []
     for d in directions:
         ma, mb = per["a"][d], per["b"][d]

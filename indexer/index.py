@@ -320,9 +320,7 @@ def _load_modality(path: Path, manifest: dict, name: str, mmap: bool = False) ->
     except RecursionError:
         raise IndexDirError(f"{path}: cannot read {name} (nested too deeply)") from None
     spec = (manifest.get("indexes") or {}).get(name) or {"factory": manifest.get("factory", "Flat")}
-    index = VectorIndex.load(path / files[f"{name}.faiss"]["file"], spec.get("factory") or "Flat",
-                             nprobe=spec.get("nprobe"), rerank=int(spec.get("rerank") or 0), exact=vectors, mmap=mmap,
-                             ef_search=spec.get("efSearch"), tuning=spec.get("tuning"))
+    index = VectorIndex.load(path / files[f"{name}.faiss"]["file"], spec, exact=vectors, mmap=mmap)
     want = (manifest.get("counts") or {}).get(name)
     counts = {index.ntotal, len(vectors), len(meta.get("ids", [])), want}
     if len(counts) != 1 or vectors.ndim != 2:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,6 +31,28 @@ RECALL_KS = (1, 5, 10)
 # The report's headline keys, in the order tables show them (report.json has more: medr, meanr, counts).
 RECALL_KEYS = [f"{d}_R@{k}" for d in ("i2t", "t2i") for k in RECALL_KS]
 REPORT_KEYS = [*RECALL_KEYS, "rsum", "i2t_R-P", "t2i_R-P"]
+
+
+@dataclass(frozen=True)
+class MetricsSpec:
+    """Which per-query metrics :func:`query_metrics` computes, and how: ``hit@k`` for each of ``ks``,
+    ``p@{p_at}``, ``ndcg@{ndcg_k}`` with ``gain`` (``"exponential"``, 2^rel - 1 as TERN, or ``"linear"``,
+    rel as trec_eval), over ``chunk`` query rows at a time (None: sized so temporaries stay ~128 MB each)."""
+
+    ks: Sequence[int] = RECALL_KS
+    p_at: int = 5
+    ndcg_k: int = 25
+    gain: str = "exponential"
+    chunk: int | None = None
+
+
+@dataclass(frozen=True)
+class ExtraPositives:
+    """Positives beyond each caption's own image, for :func:`retrieval_metrics` (e.g. CxC's): ``i2t`` per
+    image (caption indices), ``t2i`` per caption (image indices); None: none on that side."""
+
+    i2t: Sequence[np.ndarray] | None = None
+    t2i: Sequence[np.ndarray] | None = None
 
 
 def ndcg_key(direction: str, k: int = 25, relevance: str = "rougeL") -> str:
@@ -192,17 +215,9 @@ def _ndcg(rel: np.ndarray, ranked: np.ndarray, gain: str) -> np.ndarray:
     return np.where(idcg > 0, dcg / np.where(idcg > 0, idcg, 1.0), 0.0)
 
 
-def _metrics_from_keys(
-    scores: np.ndarray,
-    keys: np.ndarray,
-    *,
-    relevance: np.ndarray | None,
-    ks: Sequence[int],
-    p_at: int,
-    ndcg_k: int,
-    gain: str,
-    chunk: int | None,
-) -> dict[str, np.ndarray]:
+def _metrics_from_keys(scores: np.ndarray, keys: np.ndarray, *, relevance: np.ndarray | None,
+                       spec: MetricsSpec) -> dict[str, np.ndarray]:
+    ks, p_at, ndcg_k, gain = spec.ks, spec.p_at, spec.ndcg_k, spec.gain
     n_q, n = scores.shape
     n_pos = np.bincount(keys // n, minlength=n_q) if n else np.zeros(n_q, dtype=np.int64)
     k_top = min(n, max(max(ks), p_at, ndcg_k if relevance is not None else 0, int(n_pos.max(initial=0))))
@@ -212,7 +227,7 @@ def _metrics_from_keys(
     out[f"p@{p_at}"] = np.full(n_q, np.nan)
     if relevance is not None:
         out[f"ndcg@{ndcg_k}"] = np.zeros(n_q)
-    step = _auto_chunk(n, chunk)
+    step = _auto_chunk(n, spec.chunk)
     for a in range(0, n_q, step):
         b = min(a + step, n_q)
         block = np.ascontiguousarray(scores[a:b])
@@ -253,11 +268,7 @@ def query_metrics(
     positives: Sequence[np.ndarray],
     *,
     relevance: np.ndarray | None = None,
-    ks: Sequence[int] = RECALL_KS,
-    p_at: int = 5,
-    ndcg_k: int = 25,
-    chunk: int | None = None,
-    gain: str = "exponential",
+    spec: MetricsSpec | None = None,
 ) -> dict[str, np.ndarray]:
     """Per-query metrics of a (n_queries, n_items) score matrix.
 
@@ -265,8 +276,7 @@ def query_metrics(
     ----------
     scores: higher is better. positives: per query, the positive item indices (duplicates allowed).
     relevance: optional graded relevance >= 0, same shape as ``scores`` (adds ``ndcg@{ndcg_k}``).
-    gain: nDCG gain, ``"exponential"`` (2^rel - 1, TERN) or ``"linear"`` (rel, trec_eval).
-    chunk: query rows per chunk (default: sized so temporaries stay ~128 MB each).
+    spec: which metrics, nDCG's gain and the chunk size (:class:`MetricsSpec`; None: its defaults).
 
     Returns
     -------
@@ -281,9 +291,7 @@ def query_metrics(
         raise ValueError(f"relevance shape {np.shape(relevance)} != scores shape {scores.shape}")
     rows, items = _flatten_positives(positives)
     keys = _positive_keys(rows, items, scores.shape[1])
-    return _metrics_from_keys(
-        scores, keys, relevance=relevance, ks=ks, p_at=p_at, ndcg_k=ndcg_k, gain=gain, chunk=chunk
-    )
+    return _metrics_from_keys(scores, keys, relevance=relevance, spec=spec or MetricsSpec())
 
 
 def _check_inputs(sims: np.ndarray, caption_to_image: np.ndarray, relevance: np.ndarray | None) -> None:
@@ -329,8 +337,7 @@ def retrieval_metrics(
     sims: np.ndarray,
     caption_to_image: np.ndarray,
     *,
-    i2t_positives: Sequence[np.ndarray] | None = None,
-    t2i_positives: Sequence[np.ndarray] | None = None,
+    extra: ExtraPositives | None = None,
     relevance: np.ndarray | None = None,
     relevance_name: str = "rougeL",
     ndcg_k: int = 25,
@@ -341,7 +348,7 @@ def retrieval_metrics(
     Parameters
     ----------
     sims: (n_images, n_captions) similarities. caption_to_image: (n_captions,) image of each caption.
-    i2t_positives / t2i_positives: optional extra positives per image / per caption (e.g. CxC).
+    extra: optional extra positives per image / per caption (e.g. CxC; :class:`ExtraPositives`).
     relevance: optional (n_captions, n_images) graded relevance (TERN layout); t2i uses its rows,
         i2t its columns (relevance of caption j to image query i is ``relevance[j, i]``).
 
@@ -352,8 +359,9 @@ def retrieval_metrics(
     i2t R@k counts a hit when the best-ranked of the image's positives is within the top k; medr
     is floor(median rank), the VSE++/SCAN convention. chunk: query rows per chunk (default: auto).
     """
-    i2t, t2i = retrieval_query_metrics(sims, caption_to_image, i2t_positives=i2t_positives,
-                                       t2i_positives=t2i_positives, relevance=relevance, ndcg_k=ndcg_k, chunk=chunk)
+    extra = extra or ExtraPositives()
+    i2t, t2i = retrieval_query_metrics(sims, caption_to_image, i2t_positives=extra.i2t, t2i_positives=extra.t2i,
+                                       relevance=relevance, ndcg_k=ndcg_k, chunk=chunk)
     i2t_report = _summarise("i2t", i2t, ndcg_k, relevance_name)
     return _report(i2t_report, _summarise("t2i", t2i, ndcg_k, relevance_name), *np.shape(sims))
 
@@ -376,7 +384,7 @@ def retrieval_query_metrics(
     n_img, n_cap = sims.shape
     log.debug("retrieval_metrics: %d images x %d captions, relevance=%s", n_img, n_cap, relevance is not None)
     caps = np.arange(n_cap, dtype=np.int64)
-    kw = dict(ks=RECALL_KS, p_at=5, ndcg_k=ndcg_k, gain="exponential", chunk=chunk)
+    kw = dict(spec=MetricsSpec(ks=RECALL_KS, p_at=5, ndcg_k=ndcg_k, gain="exponential", chunk=chunk))
     rows, items = _extra(c2i, caps, i2t_positives, n_img)
     i2t = _metrics_from_keys(
         sims, _positive_keys(rows, items, n_cap), relevance=None if relevance is None else relevance.T, **kw

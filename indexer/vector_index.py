@@ -184,11 +184,14 @@ class VectorIndex:
             faiss.write_index(self.index, str(tmp))
 
     @classmethod
-    def load(cls, path: Path, factory: str, *, nprobe: int | None = None, rerank: int = 0,
-             exact: np.ndarray | None = None, mmap: bool = False, ef_search: int | None = None,
-             tuning: dict | None = None) -> VectorIndex:
-        """Read an index; ``mmap`` maps an IVF index's inverted lists from the file instead of reading
-        them into memory (FAISS ``IO_FLAG_MMAP``: the lists stay in the page cache, shared and evictable)."""
+    def load(cls, path: Path, spec: dict, *, exact: np.ndarray | None = None, mmap: bool = False) -> VectorIndex:
+        """Read an index with the search parameters ``spec`` records (what :meth:`describe` wrote to the
+        manifest: ``factory``, default Flat; ``nprobe``, ``rerank``, ``efSearch``, ``tuning``, each optional);
+        ``exact`` re-ranks its candidates. ``mmap`` maps an IVF index's inverted lists from the file instead
+        of reading them into memory (FAISS ``IO_FLAG_MMAP``: the lists stay in the page cache, shared and
+        evictable)."""
+        factory, rerank = spec.get("factory") or "Flat", int(spec.get("rerank") or 0)
+        nprobe, ef_search, tuning = spec.get("nprobe"), spec.get("efSearch"), spec.get("tuning")
         try:
             flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap and "IVF" in factory else 0
             index = faiss.read_index(str(path), flags)

@@ -25,7 +25,7 @@ import numpy as np
 from search.errors import BadRequest
 from search.facets import FieldValues, field_values
 from search.filters import parse_filter
-from search.ranking import Query
+from search.ranking import Query, RankRequest
 from search.registry import ModelEntry
 from search.results import QueryInfo, SearchResult
 
@@ -118,7 +118,7 @@ class QueryMixin:
         e, k = self.registry.get(name), self._check_k(k)
         q = self._image_query(e, image_id, image_bytes)
         q.ground_truth = q.relevance = None  # image ↔ image has no dataset ground truth
-        return self._rank_images(name, e, q, k, t0, "i2i", filter, cursor)
+        return self._rank_images(name, e, q, RankRequest(k, "i2i", t0, filter, cursor))
 
     def similar_captions(self, name: str, *, query: str | None = None, caption_id: int | None = None,
                          k: int = 10, filter: dict | None = None, cursor: str | None = None) -> SearchResult:
@@ -127,7 +127,7 @@ class QueryMixin:
         e, k = self.registry.get(name), self._check_k(k)
         q = self._text_query(e, query, caption_id)
         q.ground_truth = q.relevance = None
-        return self._rank_captions(name, e, q, k, t0, "t2t", filter, cursor)
+        return self._rank_captions(name, e, q, RankRequest(k, "t2t", t0, filter, cursor))
 
     def search_vector(self, name: str, vector: list[float], *, side: str = "images", k: int = 10,
                       filter: dict | None = None, cursor: str | None = None) -> SearchResult:
@@ -144,9 +144,9 @@ class QueryMixin:
             raise BadRequest("vector must be finite and not all zeros")
         q = Query(v / norm, QueryInfo(vector=True))
         if side == "images":
-            return self._rank_images(name, e, q, k, t0, "v2i", filter, cursor)
+            return self._rank_images(name, e, q, RankRequest(k, "v2i", t0, filter, cursor))
         if side == "captions":
-            return self._rank_captions(name, e, q, k, t0, "v2t", filter, cursor)
+            return self._rank_captions(name, e, q, RankRequest(k, "v2t", t0, filter, cursor))
         raise BadRequest("side must be 'images' or 'captions'")
 
     def batch(self, name: str, queries: list[dict], *, k: int = 10, filter: dict | None = None) -> list[SearchResult]:

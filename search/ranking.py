@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from indexer.index import Modality
-from indexer.metrics import query_metrics
+from indexer.metrics import MetricsSpec, query_metrics
 from search import paging
 from search.paging import Page
 from search.results import CompareResult, CutoffMetrics, Direction, Hit, QueryInfo, QueryMetrics, SearchResult
@@ -47,7 +47,7 @@ def gt_metrics(gt: list[int], rel_row: np.ndarray | None, k: int,
     kk, p5, n25 = min(k, n), min(5, n), min(25, n)
 
     def run(p_at: int, ndcg_k: int) -> dict:
-        return query_metrics(scores_all[None, :], pos, relevance=rel[None, :], p_at=p_at, ndcg_k=ndcg_k)
+        return query_metrics(scores_all[None, :], pos, relevance=rel[None, :], spec=MetricsSpec(p_at=p_at, ndcg_k=ndcg_k))
 
     m = run(kk, kk)
     at_k = QueryMetrics(first_gt_rank=int(m["first_rank"][0]), k=kk, precision_at_k=float(m[f"p@{kk}"][0]),
@@ -57,12 +57,28 @@ def gt_metrics(gt: list[int], rel_row: np.ndarray | None, k: int,
     return at_k, CutoffMetrics(p_at=p5, precision=float(m[f"p@{p5}"][0]), ndcg_at=n25, ndcg=float(m[f"ndcg@{n25}"][0]))
 
 
-def rank(model: str, side: Modality, query: Query, k: int, hit_fields, *, direction: Direction,
-         t0: float, allowed: np.ndarray | None = None, page: Page | None = None, key: str = "",
-         generation: int = 0) -> SearchResult:
-    """Top-k rows of ``side`` for ``query``; ``hit_fields(row)`` gives each hit's descriptive fields.
-    ``allowed``: a mask over the side's rows (a filter), only those are ranked; ``page``: the page to
-    continue after (search/paging.py), ``key`` names the ranking in the next page's cursor."""
+@dataclass(frozen=True)
+class RankRequest:
+    """One ranking as a search asks for it (search/service.py, search/queries.py): the number of hits
+    ``k``, the kind of search (``direction``, which also names the ranking in its cursors), when the
+    request began (``t0``, for the reported time), the metadata ``filter`` it is within and the
+    ``cursor`` of the page it continues (None: the first page)."""
+
+    k: int
+    direction: Direction
+    t0: float
+    filter: dict | None = None
+    cursor: str | None = None
+
+
+def rank(model: str, side: Modality, query: Query, hit_fields, req: RankRequest, *,
+         allowed: np.ndarray | None = None, generation: int = 0) -> SearchResult:
+    """Top-``req.k`` rows of ``side`` for ``query``; ``hit_fields(row)`` gives each hit's descriptive
+    fields. ``allowed``: a mask over the side's rows (``req.filter``'s), only those are ranked; the page
+    continued is ``req.cursor``'s (search/paging.py), and the next page's cursor names this ranking."""
+    k, direction, t0 = req.k, req.direction, req.t0
+    key = paging.query_key(direction, query.info, req.filter)
+    page = paging.decode(req.cursor, key, k)
     depth = (page.offset if page else 0) + k
     ids = side.meta["ids"]
     want = depth + 1  # one more than needed: is there a next page?

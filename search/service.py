@@ -22,14 +22,14 @@ from pydantic import Field, model_validator
 
 from indexer.caption_texts import model_texts
 from indexer.vector_index import IndexDirError
-from search import analysis, paging
+from search import analysis
 from search.encoding import QueryEncoder, clean_query
 from search.errors import BadRequest, NotFound, NotReady
 from search.explainer import Explainer
 from search.files import servable_image
 from search.media import Thumbnails, UploadDecoder
 from search.queries import MaskCache, QueryMixin
-from search.ranking import Query, compare_results, rank
+from search.ranking import Query, RankRequest, compare_results, rank
 from search.registry import ModelEntry, ModelRegistry, public_manifest
 from search.results import CompareResult, DatasetCaption, ModelInfo, QueryInfo, SearchResult
 from search.writes import ItemWrites
@@ -245,15 +245,14 @@ class SearchService(QueryMixin):
         (search/filters.py); ``cursor``: the next page of an earlier answer (search/paging.py)."""
         t0 = time.perf_counter()
         e, k = self.registry.get(name), self._check_k(k)
-        return self._rank_images(name, e, self._text_query(e, query, caption_id), k, t0, "t2i", filter, cursor)
+        q = self._text_query(e, query, caption_id)
+        return self._rank_images(name, e, q, RankRequest(k, "t2i", t0, filter, cursor))
 
-    def _rank_images(self, name: str, e: ModelEntry, q: Query, k: int, t0: float, direction: str = "t2i",
-                     filter: dict | None = None, cursor: str | None = None) -> SearchResult:
+    def _rank_images(self, name: str, e: ModelEntry, q: Query, req: RankRequest) -> SearchResult:
         meta = e.index.images.meta
-        allowed, _ = self.filter_masks(e, filter, captions=False)
-        key = paging.query_key(direction, q.info, filter)
-        return rank(name, e.index.images, q, k, lambda p: {"filename": meta["filenames"][p]}, direction=direction,
-                    t0=t0, allowed=allowed, page=paging.decode(cursor, key, k), key=key, generation=e.generation)
+        allowed, _ = self.filter_masks(e, req.filter, captions=False)
+        return rank(name, e.index.images, q, lambda p: {"filename": meta["filenames"][p]}, req, allowed=allowed,
+                    generation=e.generation)
 
     async def search_text_async(self, name: str, *, query: str | None = None, caption_id: int | None = None,
                                 k: int = 10, filter: dict | None = None, cursor: str | None = None) -> SearchResult:
@@ -272,7 +271,8 @@ class SearchService(QueryMixin):
         if fut is None:
             return await anyio.to_thread.run_sync(partial(self.search_text, name, query=query, caption_id=caption_id,
                                                           k=k, filter=filter, cursor=cursor))
-        ranked = partial(self._rank_images, name, e, Query(await asyncio.wrap_future(fut), QueryInfo(text=text)), k, t0)
+        ranked = partial(self._rank_images, name, e, Query(await asyncio.wrap_future(fut), QueryInfo(text=text)),
+                         RankRequest(k, "t2i", t0))
         side = e.index.images.index
         small = side.factory == "Flat" and side.ntotal * side.dim <= RANK_ON_LOOP
         return ranked() if small else await anyio.to_thread.run_sync(ranked)
@@ -283,20 +283,18 @@ class SearchService(QueryMixin):
         ``filter`` applies to the metadata of each caption's image (captions of no image never match)."""
         t0 = time.perf_counter()
         e, k = self.registry.get(name), self._check_k(k)
-        return self._rank_captions(name, e, self._image_query(e, image_id, image_bytes), k, t0, "i2t", filter, cursor)
+        q = self._image_query(e, image_id, image_bytes)
+        return self._rank_captions(name, e, q, RankRequest(k, "i2t", t0, filter, cursor))
 
-    def _rank_captions(self, name: str, e: ModelEntry, q: Query, k: int, t0: float, direction: str,
-                       filter: dict | None = None, cursor: str | None = None) -> SearchResult:
+    def _rank_captions(self, name: str, e: ModelEntry, q: Query, req: RankRequest) -> SearchResult:
         meta, img_ids = e.index.captions.meta, e.index.images.ids
 
         def fields(p: int) -> dict:
             im = meta["image"][p]
             return {"text": meta["texts"][p], "image_id": int(img_ids[im]) if im is not None and im >= 0 else None}
 
-        _, allowed = self.filter_masks(e, filter)
-        key = paging.query_key(direction, q.info, filter)
-        return rank(name, e.index.captions, q, k, fields, direction=direction, t0=t0, allowed=allowed,
-                    page=paging.decode(cursor, key, k), key=key, generation=e.generation)
+        _, allowed = self.filter_masks(e, req.filter)
+        return rank(name, e.index.captions, q, fields, req, allowed=allowed, generation=e.generation)
 
     def compare(self, names: list[str], *, query: str | None = None, caption_id: int | None = None,
                 image_id: int | None = None, image_bytes: bytes | None = None, k: int = 10,

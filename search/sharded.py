@@ -25,7 +25,9 @@ import logging
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -124,13 +126,29 @@ class ShardVectors:
         return out
 
 
+@dataclass(frozen=True)
+class ListRouting:
+    """How a side sharded by inverted list routes a query: the shared coarse ``quantizer`` finds the lists
+    it probes, ``owners`` (the shard of each list) the shards that hold them. A side sharded by id has
+    none: every query visits every shard."""
+
+    quantizer: Any
+    owners: np.ndarray
+
+    @classmethod
+    def of(cls, sd: ShardedDir, side: str) -> ListRouting | None:
+        """``side``'s routing as the sharded directory records it (None: sharded by id)."""
+        quantizer, owners = sd.quantizer(side), sd.owners(side)
+        return None if quantizer is None or owners is None else cls(quantizer, owners)
+
+
 class ShardedIndex:
     """The search index of a sharded side (see the module doc); ``search`` as ``VectorIndex.search``."""
 
-    def __init__(self, side: str, engine, spec: dict, n: int, dim: int, *, quantizer=None,
-                 owners: np.ndarray | None = None, timeout: float | None = None):
+    def __init__(self, side: str, engine, spec: dict, n: int, dim: int, *, routing: ListRouting | None = None,
+                 timeout: float | None = None):
         self.side, self.engine, self.spec, self._n, self._dim = side, engine, dict(spec), int(n), int(dim)
-        self.quantizer, self.owners, self.timeout = quantizer, owners, timeout
+        self.routing, self.timeout = routing, timeout
         self.shards = int(engine.n)
         self.rerank = int(spec.get("rerank") or 0)
         self.factory = f"shards({self.shards}):{spec.get('factory', 'Flat')}"  # not "Flat": never ranked on the loop
@@ -158,10 +176,11 @@ class ShardedIndex:
 
     def route(self, q: np.ndarray) -> list[np.ndarray]:
         """The shards each query visits: by list, the owners of the lists it probes; by id, all."""
-        if self.quantizer is None or self.owners is None:
+        r = self.routing
+        if r is None:
             return [np.arange(self.shards)] * len(q)
-        _, lists = self.quantizer.search(q, int(min(self.nprobe or 1, len(self.owners))))
-        return [np.unique(self.owners[lst[lst >= 0]]) for lst in lists]
+        _, lists = r.quantizer.search(q, int(min(self.nprobe or 1, len(r.owners))))
+        return [np.unique(r.owners[lst[lst >= 0]]) for lst in lists]
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores, parent rows), each (n_queries, min(k, ntotal)), merged over the shards that answered;
@@ -226,7 +245,7 @@ def load_sharded(path: str | Path, *, engine=LocalShards, checkpoint_sha256: str
     for m in MODALITIES:
         rows, n, dim, meta = parent_side(sd, data, m)  # IndexDirError (a ValueError) when they do not cover it
         spec = (sd.manifest.get("indexes") or {}).get(m) or {"factory": sd.manifest.get("factory", "Flat")}
-        index = ShardedIndex(m, eng, spec, n, dim, quantizer=sd.quantizer(m), owners=sd.owners(m), timeout=timeout)
+        index = ShardedIndex(m, eng, spec, n, dim, routing=ListRouting.of(sd, m), timeout=timeout)
         sides[m] = Modality(index, ShardVectors([d[m][0] for d in data], rows, dim), meta)
     return IndexDir(sd.path, sd.manifest, sides["images"], sides["captions"])
 

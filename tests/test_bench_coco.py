@@ -8,13 +8,13 @@ from conftest import write_karpathy
 
 def test_stand_in_converts_like_an_official_download(tmp_path):
     from bench.coco_cpu_presets import make_fake_coco
-    from training.data.coco import convert_coco, discover_coco_root
+    from training.data.coco import KarpathyTest, convert_coco, discover_coco_root
     from training.data.karpathy import load_karpathy
 
     src = write_karpathy(tmp_path / "f8k", 40, name="dataset_flickr8k.json")
     ids, n_test = make_fake_coco(src, tmp_path / "coco", 40)
     assert n_test == 3  # every 20th image of each folder
-    res = convert_coco(discover_coco_root(tmp_path / "coco"), tmp_path / "c.json", karpathy_test=ids, val_size=5)
+    res = convert_coco(discover_coco_root(tmp_path / "coco"), tmp_path / "c.json", karpathy_test=KarpathyTest(ids, val_size=5))
     assert res["splits"] == {"test": 3, "val": 5, "train": 32} and res["captions"] == 200
     ds = load_karpathy(tmp_path / "c.json")
     assert {im.path.parent.name for im in ds.split("test").images} == {"train2017", "val2017"}

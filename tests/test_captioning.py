@@ -298,10 +298,11 @@ def test_negative_sampler_modes():
 
 # ---- model ---------------------------------------------------------------------------------------
 def test_teacher_forcing_equals_stepping_and_scheduled_sampling_changes_inputs():
+    from training.captioning.config import CapModelConfig
     from training.captioning.model import TopDownCaptioner
 
     torch.manual_seed(0)
-    model = TopDownCaptioner(12, 16, word_dim=8, hidden=8, att_dim=8, dropout=0.0).eval()
+    model = TopDownCaptioner(12, 16, CapModelConfig(word_dim=8, hidden=8, att_dim=8, dropout=0.0)).eval()
     regions = torch.rand(2, 4, 16)
     targets = torch.tensor([[4, 5, 6, 3, 0], [7, 3, 0, 0, 0]])
     ctx = model.encode(regions)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from training.data.coco import CocoPair, convert_coco, discover_coco_root
+from training.data.coco import CocoPair, KarpathyTest, convert_coco, discover_coco_root
 from training.data.karpathy import DatasetError, dataset_info, load_karpathy
 
 WORDS = ["a", "dog", "cat", "red", "car", "runs", "on", "grass", "two", "people", "sit", "bench"]
@@ -236,15 +236,15 @@ def test_karpathy_test_needs_every_test_image(tmp_path, capsys):
                     "5 of the 10 test caption ids", "convert both captions files of one year together")
     with pytest.raises(DatasetError, match="drop --split"):
         convert_coco([CocoPair(c / "annotations/captions_val2017.json", c / "val2017", "test")], tmp_path / "o.json",
-                     karpathy_test=tmp_path / "ids.npy")
+                     karpathy_test=KarpathyTest(tmp_path / "ids.npy"))
     with pytest.raises(DatasetError, match="not enough for a val split"):
         convert_coco([CocoPair(c / "annotations/captions_train2017.json", c / "train2017"),
                       CocoPair(c / "annotations/captions_val2017.json", c / "val2017")], tmp_path / "o.json",
-                     karpathy_test=tmp_path / "ids.npy", val_size=5)
+                     karpathy_test=KarpathyTest(tmp_path / "ids.npy", val_size=5))
     (tmp_path / "bad.npy").write_bytes(b"not numpy")
     with pytest.raises(DatasetError, match="bad.npy is not a numpy"):
         convert_coco([CocoPair(c / "annotations/captions_val2017.json", c / "val2017")], tmp_path / "o.json",
-                     karpathy_test=tmp_path / "bad.npy")
+                     karpathy_test=KarpathyTest(tmp_path / "bad.npy"))
     assert not (tmp_path / "o.json").exists()
 
 

@@ -27,13 +27,13 @@ def test_batches_keep_order_and_report_bad_files(tmp_path, workers):
     paths[2].write_bytes(b"not a jpeg")
     pre = Preprocess(size=32, resize=32)
     got, bad = [], []
-    for idx, x, failed in decoded_batches(paths, range(5), pre, batch_size=2, workers=workers):
+    for idx, x, failed in decoded_batches(ImageViews(paths, range(5), pre), batch_size=2, workers=workers):
         got += idx
         bad += failed
         assert x is None or x.shape == (len(idx), 3, 32, 32)
     assert got == [0, 1, 3, 4] and [i for i, _ in bad] == [2] and "im2.jpg" in bad[0][1]
     direct = pre(load_image(paths[3]))
-    batch = next(x for idx, x, _ in decoded_batches(paths, [3], pre, workers=workers))
+    batch = next(x for idx, x, _ in decoded_batches(ImageViews(paths, [3], pre), workers=workers))
     np.testing.assert_array_equal(batch[0].numpy(), direct.numpy())  # the worker decodes exactly as load_image
 
 

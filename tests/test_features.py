@@ -207,12 +207,12 @@ def test_concurrent_runs_compute_the_ltd_targets_once(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def frozen_minilm():
     """Two frozen all-MiniLM-L6-v2 caption encoders (the packaged model): 40-word and 5-word truncation."""
+    from training.config import ModelConfig
     from training.models.text_encoder import SBERTTextEncoder
     from training.targets import resolve_sentence_model
 
-    path = str(resolve_sentence_model(""))
-    return lambda cache, max_len=40: SBERTTextEncoder(path, 8, train_layers=0, head="linear", max_len=max_len,
-                                                      cache_dir=str(cache))
+    path, shape = str(resolve_sentence_model("")), ModelConfig(embed_dim=8, sbert_train_layers=0, text_head="linear")
+    return lambda cache, max_len=40: SBERTTextEncoder(path, shape, max_len=max_len, cache_dir=str(cache))
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from training.data import gpu_decode, jpeg
-from training.data.decode_pool import decoded_batches
+from training.data.decode_pool import ImageViews, decoded_batches
 from training.data.images import ImageError, Preprocess, load_image
 
 simplejpeg = pytest.importorskip("simplejpeg", reason="simplejpeg (a core dependency) is not installed")
@@ -125,7 +125,7 @@ def test_the_gpu_decoder_imports_without_its_package_and_the_cpu_path_is_unchang
             paths[-1].write_bytes(_jpeg(_photo(250, 180, i)))
         pre = Preprocess(size=64, resize=64)
         got = list(fresh.image_batches(paths, range(5), pre, device="cpu", batch_size=2, workers=0))
-        want = list(decoded_batches(paths, range(5), pre, batch_size=2, workers=0))
+        want = list(decoded_batches(ImageViews(paths, range(5), pre), batch_size=2, workers=0))
         assert [g[0] for g in got] == [w[0] for w in want]
         for (_, x, _), (_, y, _) in zip(got, want):
             torch.testing.assert_close(x, y, rtol=0, atol=0)
@@ -145,7 +145,7 @@ def test_gpu_decoding_matches_the_cpu_path(tmp_path):
     paths.append(tmp_path / "bad.jpg")
     pre = Preprocess(size=224, resize=224)
     gpu = list(gpu_decode.gpu_decoded_batches(paths, range(7), pre, "cuda", batch_size=8))
-    cpu = list(decoded_batches(paths, range(7), pre, batch_size=8, workers=0))
+    cpu = list(decoded_batches(ImageViews(paths, range(7), pre), batch_size=8, workers=0))
     (gi, gx, gbad), (ci, cx, cbad) = gpu[0], cpu[0]
     assert gi == ci == list(range(6)) and [b[0] for b in gbad] == [b[0] for b in cbad] == [6]
     assert gx.device.type == "cuda" and gx.shape == cx.shape

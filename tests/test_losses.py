@@ -16,6 +16,7 @@ from training.losses import (
     IFMLoss,
     InfoNCELoss,
     ITDReconstructionLoss,
+    LambdaSettings,
     LossCombiner,
     LTDReconstructionLoss,
     MaxHingeLoss,
@@ -403,7 +404,7 @@ def test_none_and_dual_modes():
 
 
 def test_constraint_forward_treats_lambda_as_constant():
-    comb = LossCombiner("constraint", eta=0.2, lambda_init=3.0)
+    comb = LossCombiner("constraint", eta=0.2, lam=LambdaSettings(lambda_init=3.0))
     l_con = torch.tensor(1.0, requires_grad=True)
     l_rec = torch.tensor(0.5, requires_grad=True)
     out = comb(l_con, l_rec)
@@ -442,7 +443,7 @@ def test_lambda_rises_while_violated_and_falls_to_zero_once_satisfied():
 
 
 def test_lambda_is_projected_in_place_without_wind_up():
-    comb = LossCombiner("constraint", eta=0.2, lambda_max=100.0)
+    comb = LossCombiner("constraint", eta=0.2, lam=LambdaSettings(lambda_max=100.0))
     param, ptr = comb.multiplier, comb.multiplier.data_ptr()
     huge = _run(comb, [1e6] * 300)  # gap ≈ 5e6: one unprojected step would reach ≈ 25 000
     assert huge[0] == 100.0 and all(v == 100.0 for v in huge)
@@ -520,7 +521,7 @@ def test_lambda_update_ignores_the_grad_scaler():
     model = nn.Linear(4, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
-    comb = LossCombiner("constraint", eta=0.2, lambda_init=1.0)
+    comb = LossCombiner("constraint", eta=0.2, lam=LambdaSettings(lambda_init=1.0))
     x = torch.randn(8, 4)
     out_model = model(x)
     l_rec = cosine_reconstruction_loss(out_model, x)
@@ -542,11 +543,11 @@ def test_lambda_update_ignores_the_grad_scaler():
         ({"mode": "constraint", "eta": 0.0}, "eta"),
         ({"mode": "constraint", "eta": -1.0}, "eta"),
         ({"mode": "dual", "beta": -0.1}, "beta"),
-        ({"mode": "constraint", "lambda_max": 0.0}, "lambda_max"),
-        ({"mode": "constraint", "lambda_init": 200.0}, "lambda_init"),
-        ({"mode": "constraint", "lambda_lr": 0.0}, "lambda_lr"),
-        ({"mode": "constraint", "lambda_momentum": 1.0}, "lambda_momentum"),
-        ({"mode": "constraint", "lambda_dampening": 1.5}, "lambda_dampening"),
+        ({"mode": "constraint", "lam": LambdaSettings(lambda_max=0.0)}, "lambda_max"),
+        ({"mode": "constraint", "lam": LambdaSettings(lambda_init=200.0)}, "lambda_init"),
+        ({"mode": "constraint", "lam": LambdaSettings(lambda_lr=0.0)}, "lambda_lr"),
+        ({"mode": "constraint", "lam": LambdaSettings(lambda_momentum=1.0)}, "lambda_momentum"),
+        ({"mode": "constraint", "lam": LambdaSettings(lambda_dampening=1.5)}, "lambda_dampening"),
     ],
 )
 def test_combiner_rejects_bad_arguments(kwargs, match):

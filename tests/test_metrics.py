@@ -24,7 +24,7 @@ import pytest
 pytrec_eval = pytest.importorskip("pytrec_eval")
 
 from bench._metrics_reference import reference_query_metrics, reference_retrieval_metrics  # noqa: E402
-from indexer.metrics import query_metrics, ranks_of, retrieval_metrics, topk  # noqa: E402
+from indexer.metrics import ExtraPositives, MetricsSpec, query_metrics, ranks_of, retrieval_metrics, topk  # noqa: E402
 
 
 def _doc(i: int) -> str:
@@ -52,7 +52,7 @@ def _random_case(rng: np.random.Generator, n_q: int, n: int, ties: bool):
 def test_binary_metrics_match_trec_eval(ties: bool) -> None:
     rng = np.random.default_rng(1 if ties else 0)
     scores, positives = _random_case(rng, 40, 120, ties)
-    ours = query_metrics(scores, positives, ks=(1, 5, 10), p_at=5)
+    ours = query_metrics(scores, positives, spec=MetricsSpec(ks=(1, 5, 10), p_at=5))
     measures = {"success.1,5,10", "recip_rank", "P.5", "Rprec"}
     trec = _trec(scores, [{int(i): 1 for i in p} for p in positives], measures)
     assert set(trec) == {q for q, p in enumerate(positives) if len(p)}
@@ -75,7 +75,8 @@ def test_ndcg_matches_trec_eval(ties: bool, gain: str) -> None:
     scores, _ = _random_case(rng, n_q, n, ties)
     grades = rng.integers(0, 4, size=(n_q, n)) * (rng.random((n_q, n)) < 0.15)
     grades[0] = 0  # a query with no relevant item: nDCG is 0 (trec_eval skips it)
-    ours = query_metrics(scores, [np.flatnonzero(g) for g in grades], relevance=grades, ndcg_k=25, gain=gain)
+    ours = query_metrics(scores, [np.flatnonzero(g) for g in grades], relevance=grades,
+                         spec=MetricsSpec(ndcg_k=25, gain=gain))
     trec_grades = grades if gain == "linear" else 2**grades - 1
     qrels = [{int(i): int(g[i]) for i in np.flatnonzero(g)} for g in trec_grades]
     trec = _trec(scores, qrels, {"ndcg_cut.25"})
@@ -89,7 +90,7 @@ def test_query_metrics_match_reference_loop_real_valued_relevance(ties: bool) ->
     rng = np.random.default_rng(3)
     scores, positives = _random_case(rng, 50, 90, ties)
     rel = np.round(rng.random((50, 90)), 1).astype(np.float32)  # ROUGE-like, many equal grades
-    fast = query_metrics(scores, positives, relevance=rel, chunk=7)
+    fast = query_metrics(scores, positives, relevance=rel, spec=MetricsSpec(chunk=7))
     ref = reference_query_metrics(scores, positives, relevance=rel)
     assert fast.keys() == ref.keys()
     for key in fast:
@@ -98,7 +99,7 @@ def test_query_metrics_match_reference_loop_real_valued_relevance(ties: bool) ->
 
 def test_duplicate_positives_count_once() -> None:
     scores = np.array([[0.9, 0.8, 0.1, 0.0]])
-    m = query_metrics(scores, [np.array([2, 2, 1])], ks=(1, 2))
+    m = query_metrics(scores, [np.array([2, 2, 1])], spec=MetricsSpec(ks=(1, 2)))
     assert m["first_rank"][0] == 2 and m["rprec"][0] == 0.5 and m["hit@2"][0] == 1
 
 
@@ -142,7 +143,8 @@ def test_retrieval_metrics_match_reference(ties: bool, extras: bool, with_rel: b
         kw["t2i_positives"] = [np.r_[c2i[j], rng.choice(n_img, rng.integers(0, 3))] for j in range(n_cap)]
     if with_rel:
         kw["relevance"] = rng.random((n_cap, n_img)).astype(np.float32)
-    fast = retrieval_metrics(sims, c2i, **kw)
+    extra = ExtraPositives(kw.get("i2t_positives"), kw.get("t2i_positives"))
+    fast = retrieval_metrics(sims, c2i, extra=extra, relevance=kw.get("relevance"))
     ref = reference_retrieval_metrics(sims, c2i, **kw)
     assert list(fast) == list(ref)
     for key in fast:

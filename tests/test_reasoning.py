@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from training.config import ConfigError, load_config
+from training.config import ConfigError, ModelConfig, load_config
 from training.models.tern import SharedReasoning, TERNImageHead
 from training.models.vsrn import RegionGCN, VSRNImageHead, regions_of
 
@@ -70,13 +70,14 @@ def test_vsrn_graph_layers_make_regions_interact():
 def test_tern_image_head_shapes_gradients_and_positions():
     torch.manual_seed(0)
     shared = SharedReasoning(D, E, layers=1, heads=2, ff=32, dropout=0.0)
-    head = TERNImageHead(C, R, D, shared, layers=1, heads=2, ff=32, dropout=0.0, positions=True)
+    shape = ModelConfig(reasoning_dim=D, reasoning_layers=1, attention_heads=2, reasoning_ff=32, reasoning_dropout=0.0)
+    head = TERNImageHead(C, R, shape.model_copy(update={"region_positions": True}), shared)
     out = head(_rows())
     assert out.shape == (B, E)
     torch.testing.assert_close(out.norm(dim=1), torch.ones(B))
     assert _all_params_get_gradients(head, out) == []
     # without position embeddings the regions are a set: permuting them does not change the output
-    plain = TERNImageHead(C, R, D, shared, layers=1, heads=2, ff=32, dropout=0.0).eval()
+    plain = TERNImageHead(C, R, shape, shared).eval()
     rows = _rows().float()
     perm = rows.reshape(B, R, C)[:, torch.randperm(R)].reshape(B, R * C)
     torch.testing.assert_close(plain(rows), plain(perm), atol=1e-5, rtol=1e-5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.config import ConfigError, load_config
+from training.config import ConfigError, ModelConfig, load_config
 from training.data.vocab import Vocab
 from training.models.text_encoder import GRUTextEncoder
 
@@ -15,7 +15,7 @@ CAPTIONS = ["a dog runs on the grass", "two men", "a girl in a red coat climbs a
 def _encoder(pool: str) -> GRUTextEncoder:
     torch.manual_seed(0)
     vocab = Vocab.build([c.split() for c in CAPTIONS])
-    return GRUTextEncoder(vocab, 8, 6, 5, head="linear", pool=pool).eval()
+    return GRUTextEncoder(vocab, ModelConfig(word_dim=8, text_hidden=6, embed_dim=5, text_head="linear", text_pool=pool)).eval()
 
 
 def _reference_pool(enc: GRUTextEncoder, caption: str) -> torch.Tensor:

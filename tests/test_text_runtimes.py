@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from search.encoding import QueryEncoder
+from training.config import ModelConfig
 from training.models import text_runtimes as tr
 from training.models.runtimes import RuntimeUnavailable, installed
 from training.models.text_encoder import SBERTTextEncoder
@@ -110,7 +111,7 @@ def test_served_queries_match_the_model_and_are_not_remembered_by_it(runtime):
     frozen-embedding memory alone: before, every query stayed there, a second cache that `--no-text-cache`
     did not switch off (bench/api_load.py's sequential row read it)."""
     torch.manual_seed(0)
-    text = SBERTTextEncoder("", 32, train_layers=0).eval()
+    text = SBERTTextEncoder("", ModelConfig(embed_dim=32, sbert_train_layers=0)).eval()
     entry = SimpleNamespace(name="m", model=SimpleNamespace(text=text, device=torch.device("cpu")))
     quantize = runtime == "int8"  # int8 weights cannot take bf16 inputs: that path runs in fp32
     enc = QueryEncoder(cache_size=0, batching=False, runtime="auto" if quantize else runtime, quantize=quantize)

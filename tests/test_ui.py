@@ -23,6 +23,11 @@ def THUMBS(image_id: int, model: str | None, size: int) -> str:
     return thumbnail_url(image_id, model or "", size)
 
 
+def view(service: SearchService) -> UIContext:
+    """The page's context over ``service`` (read-only: cards offer "more like this" only)."""
+    return UIContext(service, CaptionService(service), THUMBS)
+
+
 @pytest.fixture(scope="module")
 def svc(pair_service) -> SearchService:
     return pair_service
@@ -60,7 +65,7 @@ def n_class(html: str, cls: str) -> int:
 
 # ---- Search ------------------------------------------------------------------------------------
 def test_text_search_with_dataset_caption_marks_ground_truth(svc, caption):
-    html = srch.search_text(svc, "bl", caption.text, caption, 10, THUMBS)
+    html = srch.search_text(view(svc), "bl", caption.text, caption, 10)
     n_images = svc.model_info("bl").counts["images"]
     assert html.count('<figure class="ltd-card') == min(10, n_images)
     assert n_class(html, "ltd-card gt") == 1  # one ground-truth image per caption
@@ -71,7 +76,7 @@ def test_text_search_with_dataset_caption_marks_ground_truth(svc, caption):
 
 
 def test_text_search_free_text_has_no_ground_truth(svc):
-    html = srch.search_text(svc, "ltd", "a red square on a striped background", None, 5, THUMBS)
+    html = srch.search_text(view(svc), "ltd", "a red square on a striped background", None, 5)
     assert html.count('<figure class="ltd-card neutral"') == 5
     assert "ltd-card gt" not in html and "ltd-card miss" not in html
     assert "free text" in html and "no ground truth" in html
@@ -85,23 +90,23 @@ def test_edited_caption_becomes_free_text(svc, caption):
 
 @pytest.mark.parametrize("text", ["", "   ", None])
 def test_empty_text_query_gives_a_message(svc, text):
-    html = srch.search_text(svc, "bl", text, None, 10, THUMBS)
+    html = srch.search_text(view(svc), "bl", text, None, 10)
     assert "ltd-error" in html and "Type a query" in html
     assert "Traceback" not in html
 
 
 def test_query_text_is_escaped(svc):
-    html = srch.search_text(svc, "bl", '<script>alert("x")</script> dog', None, 3, THUMBS)
+    html = srch.search_text(view(svc), "bl", '<script>alert("x")</script> dog', None, 3)
     assert "<script>" not in html and "&lt;script&gt;" in html
 
 
 def test_image_search_by_dataset_id_marks_ground_truth_captions(svc, caption):
-    html = srch.search_image(svc, "bl", caption.image_id, None, 10, THUMBS)
+    html = srch.search_image(view(svc), "bl", caption.image_id, None, 10)
     assert html.count('<li class="ltd-cap') == 10
     assert n_class(html, "ltd-cap gt") >= 1
     assert f"dataset image #{caption.image_id}" in html
     assert "ground-truth captions" in html  # the query's own captions are listed
-    same = srch.search_image(svc, "bl", str(caption.image_id), None, 10, THUMBS)  # a textbox value
+    same = srch.search_image(view(svc), "bl", str(caption.image_id), None, 10)  # a textbox value
     assert re.sub(r"\d+ ms", "", same) == re.sub(r"\d+ ms", "", html)
 
 
@@ -122,7 +127,7 @@ def upload_dir():
 def test_image_search_by_upload(svc, tiny_index_pair, upload_dir, caption):
     path = upload_dir / "photo.jpg"
     path.write_bytes(svc.image_path(caption.image_id, "bl").read_bytes())
-    html = srch.search_image(svc, "bl", None, str(path), 5, THUMBS)
+    html = srch.search_image(view(svc), "bl", None, str(path), 5)
     assert html.count('<li class="ltd-cap neutral"') == 5
     assert "uploaded image" in html and "data:image/jpeg;base64," in html  # a preview of the upload
 
@@ -136,9 +141,9 @@ def test_only_files_uploaded_through_the_ui_are_read(svc, limited, caption, uplo
     big = upload_dir / "big.png"
     big.write_bytes(b"\x89PNG\r\n\x1a\n" + b"0" * 2048)
     for p in (outside, "/etc/passwd", "/dev/zero", link, upload_dir):
-        html = srch.search_image(svc, "bl", None, str(p), 5, THUMBS)
+        html = srch.search_image(view(svc), "bl", None, str(p), 5)
         assert "only images uploaded through this page" in html, p
-    assert "exceeds the limit of 1,234 bytes" in srch.search_image(limited, "bl", None, str(big), 5, THUMBS)
+    assert "exceeds the limit of 1,234 bytes" in srch.search_image(view(limited), "bl", None, str(big), 5)
 
 
 @pytest.mark.parametrize("image_id, upload, message", [
@@ -148,7 +153,7 @@ def test_only_files_uploaded_through_the_ui_are_read(svc, limited, caption, uplo
     ("", None, "Pick a dataset image"),
 ])
 def test_image_search_bad_input_gives_a_message(svc, image_id, upload, message):
-    html = srch.search_image(svc, "bl", image_id, upload, 10, THUMBS)
+    html = srch.search_image(view(svc), "bl", image_id, upload, 10)
     assert "ltd-error" in html and message in html
     assert "Traceback" not in html
 
@@ -159,14 +164,14 @@ def test_bad_and_empty_uploads_give_a_message(svc, upload_dir):
     empty = upload_dir / "empty.png"
     empty.write_bytes(b"")
     for p in (bad, empty):
-        html = srch.search_image(svc, "bl", None, str(p), 10, THUMBS)
+        html = srch.search_image(view(svc), "bl", None, str(p), 10)
         assert "ltd-error" in html, html
         assert "Traceback" not in html
-    assert "empty" in srch.search_image(svc, "bl", None, str(empty), 10, THUMBS)
+    assert "empty" in srch.search_image(view(svc), "bl", None, str(empty), 10)
 
 
 def test_unknown_model_gives_a_message(svc):
-    html = srch.search_text(svc, "nope", "a dog", None, 10, THUMBS)
+    html = srch.search_text(view(svc), "nope", "a dog", None, 10)
     assert "ltd-error" in html and "unknown model" in html
 
 
@@ -201,13 +206,13 @@ def ctx(svc) -> UIContext:
     return UIContext(svc, CaptionService(svc), THUMBS)
 
 
-def compare_text(ctx: UIContext, *args) -> str:
+def compare_text(ctx: UIContext, a: str, b: str, text: str | None, picked, k) -> str:
     """The results HTML of the Compare tab's text event."""
-    return cmp.compare_text(ctx, *args)[0]
+    return cmp.compare_text(ctx, cmp.Pair(a, b, k), text, picked)[0]
 
 
-def compare_image(ctx: UIContext, *args) -> str:
-    return cmp.compare_image(ctx, *args)[0]
+def compare_image(ctx: UIContext, a: str, b: str, image_id, upload, k) -> str:
+    return cmp.compare_image(ctx, cmp.Pair(a, b, k), image_id, upload)[0]
 
 
 def test_compare_dataset_caption_side_by_side(ctx, caption):
@@ -245,7 +250,7 @@ def test_compare_messages(ctx, one):
 
 # ---- Explorer ----------------------------------------------------------------------------------
 def test_explorer_sorted_by_disagreement(svc):
-    table, rows, summary = ex.explorer(svc, "bl", "ltd")
+    table, rows, summary = ex.explorer(svc, ex.Queries("bl", "ltd"))
     assert len(table) == len(rows) > 0
     assert len(table[0]) == len(ex.explorer_headers("bl", "ltd"))
     dis = [r["disagreement"] for r in rows]
@@ -257,26 +262,26 @@ def test_explorer_sorted_by_disagreement(svc):
 
 @pytest.mark.parametrize("direction", ["t2i", "i2t"])
 def test_explorer_direction_filter(svc, direction):
-    table, rows, _ = ex.explorer(svc, "bl", "ltd", direction=direction)
+    table, rows, _ = ex.explorer(svc, ex.Queries("bl", "ltd", direction=direction))
     assert rows and all(r["direction"] == direction for r in rows)
     assert all(t[0] == direction for t in table)
 
 
 @pytest.mark.parametrize("winner, name", [("a", "bl"), ("b", "ltd"), ("tie", "tie")])
 def test_explorer_winner_filter(svc, winner, name):
-    table, rows, _ = ex.explorer(svc, "bl", "ltd", winner=winner)
+    table, rows, _ = ex.explorer(svc, ex.Queries("bl", "ltd", winner=winner))
     assert all(r["winner"] == winner for r in rows)
     assert all(t[9] == name for t in table)
 
 
 def test_explorer_limit_and_thumbnails(svc):
-    table, rows, summary = ex.explorer(svc, "bl", "ltd", direction="i2t", limit=2, thumbs=THUMBS)
+    table, rows, summary = ex.explorer(svc, ex.Queries("bl", "ltd", direction="i2t", limit=2), thumbs=THUMBS)
     assert len(rows) == 2 and "showing 2" in summary
     assert all(t[2].startswith('<span class="ltd-xq"><img src="/api/images/') for t in table)
 
 
 def test_explorer_click_maps_to_compare_query(svc):
-    table, rows, _ = ex.explorer(svc, "bl", "ltd")
+    table, rows, _ = ex.explorer(svc, ex.Queries("bl", "ltd"))
     t2i = next(i for i, r in enumerate(rows) if r["direction"] == "t2i")
     i2t = next(i for i, r in enumerate(rows) if r["direction"] == "i2t")
     q = ex.explorer_pick(rows, [t2i, 2], None)
@@ -293,7 +298,7 @@ def test_explorer_click_maps_to_compare_query(svc):
 
 
 def test_explorer_with_one_model(one):
-    table, rows, summary = ex.explorer(one, "bl", "bl")
+    table, rows, summary = ex.explorer(one, ex.Queries("bl", "bl"))
     assert table == [] and rows == [] and "needs two models" in summary
 
 
@@ -375,9 +380,9 @@ def test_report_table(svc):
 def test_not_ready_service_says_models_are_loading(loading):
     assert "loading" in render.header_html(loading)
     assert "ltd-loading" in render.loading_state(loading)
-    html = srch.search_text(loading, "bl", "a dog", None, 10, THUMBS)
+    html = srch.search_text(view(loading), "bl", "a dog", None, 10)
     assert "still loading" in html and "Traceback" not in html
-    _, _, summary = ex.explorer(loading, "bl", "ltd")
+    _, _, summary = ex.explorer(loading, ex.Queries("bl", "ltd"))
     assert "still loading" in summary
 
 

@@ -85,7 +85,7 @@ def test_attribution_panel_escapes_and_says_why_when_there_are_no_words(svc):
 
 
 def test_compare_view_returns_results_attributions_and_url_state(svc, caption):
-    html, attr, state = cmp.compare_view(svc, "bl", "ltd", {"caption_id": caption.id}, 5, THUMBS)
+    html, attr, state = cmp.compare_view(svc, cmp.Pair("bl", "ltd", 5), {"caption_id": caption.id}, THUMBS)
     assert html.count('<section class="ltd-col">') == 2 and "ltd-attr" in attr
     assert share.read(state, ["bl", "ltd"], [5, 10]) == share.UIState(
         tab="compare", a="bl", b="ltd", k=5, cid=caption.id, ex=caption.image_id,

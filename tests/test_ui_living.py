@@ -35,6 +35,11 @@ def THUMBS(image_id: int, model: str | None, size: int) -> str:
     return thumbnail_url(image_id, model or "", size)
 
 
+def view(service) -> UIContext:
+    """A read-only page context over ``service`` (cards offer "more like this" only)."""
+    return UIContext(service, CaptionService(service), THUMBS)
+
+
 def png(seed: int, size: int = 64) -> bytes:
     rng = np.random.default_rng(seed)
     buf = io.BytesIO()
@@ -104,7 +109,7 @@ def test_dropped_photos_are_added_with_their_metadata_and_found_at_once(ctx, svc
     again = items.add_photos(ctx, "ltd", dropped(upload_dir, [1]), '{"album": "drop-1"}')
     assert "Added 0 photos" in again and "1 was already there" in again and ids_in(again) == added[:1]
     for i in added:  # read-your-writes: each is its own top image → image hit
-        assert ids_in(srch.search_similar(svc, "ltd", i, None, 3, THUMBS))[0] == i
+        assert ids_in(srch.search_similar(view(svc), "ltd", i, None, 3))[0] == i
 
 
 @pytest.mark.parametrize("case, message", [
@@ -141,7 +146,7 @@ def test_writes_off_the_page_changes_nothing(svc, upload_dir, caption_id):
     assert "ltd serve --writable" in items.remove_item(off, {"iid": str(iid), "model": "ltd"})
     assert svc.writes.list("ltd", limit=1000)["total"] == before
     assert off.card_actions == ("similar",)
-    assert 'data-act="remove"' not in srch.search_text(svc, "ltd", "a shape", None, 5, THUMBS, None, off.card_actions)
+    assert 'data-act="remove"' not in srch.search_text(off, "ltd", "a shape", None, 5)
 
 
 @pytest.fixture(scope="module")
@@ -152,14 +157,14 @@ def caption_id(svc) -> int:
 def test_remove_from_a_card_takes_the_item_out_of_every_answer(ctx, svc, upload_dir):
     items.add_photos(ctx, "ltd", dropped(upload_dir, [70]), '{"album": "to-remove"}')
     (iid,) = album(svc, "ltd", "to-remove")
-    html = srch.search_similar(svc, "ltd", iid, None, 5, THUMBS, None, ctx.card_actions)
+    html = srch.search_similar(ctx, "ltd", iid, None, 5)
     assert f'data-act="remove" data-iid="{iid}" data-model="ltd"' in html
     for bad in ({"iid": "abc", "model": "ltd"}, {"iid": str(iid), "model": "nope"}, [iid], None, {"iid": "-1", "model": "ltd"}):
         assert "ltd-error" in items.remove_item(ctx, bad), bad
     assert album(svc, "ltd", "to-remove") == [iid]  # none of those removed anything
     assert "Removed image" in items.remove_item(ctx, {"iid": str(iid), "model": "ltd"})
     assert album(svc, "ltd", "to-remove") == []
-    assert iid not in ids_in(srch.search_text(svc, "ltd", "a photo", None, 200, THUMBS))
+    assert iid not in ids_in(srch.search_text(view(svc), "ltd", "a photo", None, 200))
     assert "not in" in items.remove_item(ctx, {"iid": str(iid), "model": "ltd"})  # twice: a message
     names = {f.name: f for f in svc.metadata_fields("ltd")}
     assert "to-remove" not in dict(names["album"].strings)  # a removed item's values are never offered
@@ -168,11 +173,11 @@ def test_remove_from_a_card_takes_the_item_out_of_every_answer(ctx, svc, upload_
 # ---- "more like this" ------------------------------------------------------------------------------
 def test_more_like_this_on_every_image_card(ctx, svc, caption_id):
     c = svc.caption("ltd", caption_id)
-    t2i = srch.search_text(svc, "ltd", c.text, c, 5, THUMBS, None, ctx.card_actions)
+    t2i = srch.search_text(ctx, "ltd", c.text, c, 5)
     cards = ids_in(t2i)
     assert len(cards) == 5 and t2i.count('data-act="similar"') == 5 and t2i.count('data-act="remove"') == 5
     first = cards[0]
-    i2i = srch.search_similar(svc, "ltd", first, None, 4, THUMBS)
+    i2i = srch.search_similar(view(svc), "ltd", first, None, 4)
     assert ids_in(i2i)[0] == first and len(ids_in(i2i)) == 4  # the image itself ranks first
     both = cmp.compare(svc, "bl", "ltd", {"caption_id": caption_id}, 5, THUMBS)
     assert both.count('data-act="similar"') == 10 and 'data-act="remove"' not in both  # Compare: look, not write
@@ -214,34 +219,34 @@ def test_the_filter_restricts_every_tab(ctx, svc, upload_dir, caption_id):
     flt = filters.build_filter(['["album", "slice"]'])
     fields = {f.name: f for f in svc.metadata_fields("ltd")}
     assert dict(fields["album"].strings)["slice"] == 2 and fields["split"].strings  # what the chips offer
-    html = srch.search_text(svc, "ltd", "a red square", None, 10, THUMBS, flt)
+    html = srch.search_text(view(svc), "ltd", "a red square", None, 10, flt)
     assert sorted(ids_in(html)) == sorted(album(svc, "ltd", "slice"))  # k = 10, two match: both, only them
-    assert sorted(ids_in(srch.search_similar(svc, "ltd", album(svc, "ltd", "slice")[0], None, 10, THUMBS, flt))) == \
+    assert sorted(ids_in(srch.search_similar(view(svc), "ltd", album(svc, "ltd", "slice")[0], None, 10, flt))) == \
         sorted(album(svc, "ltd", "slice"))
     both = cmp.compare(svc, "bl", "ltd", {"query": "a red square"}, 10, THUMBS, flt)
     assert set(ids_in(both)) == set(album(svc, "bl", "slice")) | set(album(svc, "ltd", "slice"))
-    _, _, state = cmp.compare_view(svc, "bl", "ltd", {"caption_id": caption_id}, 5, THUMBS, flt=flt)
+    _, _, state = cmp.compare_view(svc, cmp.Pair("bl", "ltd", 5, flt), {"caption_id": caption_id}, THUMBS)
     assert share.read(state, ["bl", "ltd"], [5, 10]).f == flt  # the link carries the filter
     c, split = svc.caption("ltd", caption_id), filters.build_filter(['["split", "test"]'])
-    assert "metrics: within the filter" in srch.search_text(svc, "ltd", c.text, c, 5, THUMBS, split)  # said so
-    assert "within the filter" not in srch.search_text(svc, "ltd", c.text, c, 5, THUMBS)
+    assert "metrics: within the filter" in srch.search_text(view(svc), "ltd", c.text, c, 5, split)  # said so
+    assert "within the filter" not in srch.search_text(view(svc), "ltd", c.text, c, 5)
     status = filterbar.status_html(ctx, flt)
     assert "album = slice" in status and "<b>2</b> of" in status
     # the Explorer on one slice: only the queries of the images the filter keeps, and who wins there
     e = svc.registry.get("bl")
     some = [int(i) for i in e.index.images.ids[:2]]
     one_slice = {"field": "image_id", "in": some}
-    _, rows, summary = ex.explorer(svc, "bl", "ltd", flt=one_slice)
-    _, every, _ = ex.explorer(svc, "bl", "ltd")
+    _, rows, summary = ex.explorer(svc, ex.Queries("bl", "ltd", flt=one_slice))
+    _, every, _ = ex.explorer(svc, ex.Queries("bl", "ltd"))
     img_rows = {e.image_pos[i] for i in some}
     want = [r for r in every if (r["query_index"] in img_rows if r["direction"] == "i2t"
                                  else e.caption_image[r["query_index"]] in img_rows)]
     assert rows == want and 0 < len(rows) < len(every)
     wins = {w: sum(r["winner"] == w for r in rows) for w in ("a", "b", "tie")}
     assert f"for <b>{wins['b']}</b>" in summary and f"of {len(rows)} queries in the slice" in summary
-    _, none, summary = ex.explorer(svc, "bl", "ltd", flt={"field": "album", "eq": "no such album"})
+    _, none, summary = ex.explorer(svc, ex.Queries("bl", "ltd", flt={"field": "album", "eq": "no such album"}))
     assert none == [] and "keeps no query" in summary
-    _, rows, summary = ex.explorer(svc, "ltd", "bl")  # a pair first asked for after the writes: the shared items
+    _, rows, summary = ex.explorer(svc, ex.Queries("ltd", "bl"))  # a pair first asked for after the writes: the shared items
     assert rows and "ltd-error" not in summary
 
 
@@ -251,8 +256,8 @@ def test_hostile_metadata_is_escaped_in_chips_status_and_cards(ctx, svc, upload_
     assert "Added 1 photo" in html and "<img src=x" not in html and "&lt;img src=x" in html
     flt = filters.build_filter([filters.chip_value("album", HOSTILE)], "", "", "", "")
     assert album(svc, "ltd", HOSTILE)
-    for out in (filterbar.status_html(ctx, flt), srch.search_text(svc, "ltd", "a photo", None, 5, THUMBS, flt),
-                srch.search_similar(svc, "ltd", album(svc, "ltd", HOSTILE)[0], None, 5, THUMBS, flt, ctx.card_actions)):
+    for out in (filterbar.status_html(ctx, flt), srch.search_text(view(svc), "ltd", "a photo", None, 5, flt),
+                srch.search_similar(ctx, "ltd", album(svc, "ltd", HOSTILE)[0], None, 5, flt)):
         assert "<img src=x" not in out and "onerror=alert" not in out.replace("onerror=alert(1)&gt;", ""), out
     label = dict((v, lb) for lb, v in filters.chip_choices(svc.metadata_fields("ltd")))[filters.chip_value("album", HOSTILE)]
     assert HOSTILE in label  # a dropdown label is text (Gradio renders it as such), never HTML
@@ -261,7 +266,7 @@ def test_hostile_metadata_is_escaped_in_chips_status_and_cards(ctx, svc, upload_
 
 # ---- shared links pin the index state ---------------------------------------------------------------
 def test_a_link_pins_the_index_state_and_says_when_it_changed(ctx, svc, upload_dir, caption_id):
-    _, _, state = cmp.compare_view(svc, "bl", "ltd", {"caption_id": caption_id}, 5, THUMBS)
+    _, _, state = cmp.compare_view(svc, cmp.Pair("bl", "ltd", 5), {"caption_id": caption_id}, THUMBS)
     read = share.read(state, ["bl", "ltd"], [5, 10])
     assert read.ga == share.pin(svc, "bl") and read.gb == share.pin(svc, "ltd") and read.ga.count(".") == 1
     assert share.pin_note(svc, read, "bl", "ltd") == ""  # nothing changed since

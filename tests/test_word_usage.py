@@ -71,11 +71,13 @@ def test_shared_gru_states_equal_encoding_every_variant(svc, pool):
     import torch
 
     from search.attribution import occlusion_variants
+    from training.config import ModelConfig
     from training.models.text_encoder import GRUTextEncoder, move_batch
 
     src = svc.registry.entries["bl"].model.text
     torch.manual_seed(0)
-    enc = GRUTextEncoder(src.vocab, src.embed.embedding_dim, 24, 16, head_hidden=32, pool=pool, max_len=src.max_len).eval()
+    shape = ModelConfig(word_dim=src.embed.embedding_dim, text_hidden=24, embed_dim=16, head_hidden=32, text_pool=pool)
+    enc = GRUTextEncoder(src.vocab, shape, max_len=src.max_len).eval()
 
     def encode(texts):
         with torch.inference_mode():

@@ -102,11 +102,11 @@ def _share(ctx: UIContext, demo: gr.Blocks, tabs: gr.Tabs, c: compare.CompareTab
         a, b = state.a or ctx.first_pair[0], state.b or ctx.first_pair[1]
         upd[pin] = share.pin_note(ctx.service, state, a, b)
         if state.tab == "explorer":
-            return upd | explorer.restored(ctx, x, c.share, a, b, state.view, state.word, state.f)
+            return upd | explorer.restored(ctx, x, c.share, a, b, state)
         q = state.query()
         if q is None:
             return upd | {c.a: a, c.b: b, c.k: state.k or 10}
-        return upd | compare.opened(c, tabs, ctx, a, b, state.k or 10, q, state.ex, state.f)
+        return upd | compare.opened(c, tabs, ctx, compare.Pair(a, b, state.k or 10, state.f), q, state.ex)
 
     restore = [*bar.values, bar.state, bar.status, pin]
     targets = list(dict.fromkeys([*c.open_targets(tabs), *x.restore_targets(c.share), *restore]))

@@ -161,9 +161,12 @@ def _diverging(v: float, span: float) -> str:
     return f"rgb({mix[0]},{mix[1]},{mix[2]})"
 
 
-def map_svg(m: EmbeddingMap, cap_color: list[str], img_color: list[str], texts: list[str], filenames: list[str], *,
+def map_svg(m: EmbeddingMap, colors: tuple[list[str], list[str]], texts: list[str], filenames: list[str], *,
             caption_rows: np.ndarray, index: int, size: int = 460) -> str:
-    """One model's map: captions as dots, images as squares; highlighted (non-grey) points drawn last."""
+    """One model's map: captions as dots, images as squares; highlighted (non-grey) points drawn last.
+    ``colors``: (caption colours, image colours), as ``map_colors_by_disagreement`` and
+    ``map_colors_by_word`` give them."""
+    cap_color, img_color = colors
     pts = np.concatenate([m.images, m.captions[caption_rows]]) if len(caption_rows) else m.images
     lo, hi = pts.min(axis=0), pts.max(axis=0)
     span = np.where(hi - lo > 0, hi - lo, 1.0)
@@ -229,6 +232,6 @@ def maps_html(service: SearchService, a: str, b: str, *, color_by: str = "disagr
                                               e.image_pos)
         legend = (f'colour: which model ranks the query\'s ground truth higher, by how much (log₂ of the rank ratio): '
                   f'<b class="ltd-m0">■ {esc(a)}</b>, <b class="ltd-m1">■ {esc(b)}</b>; grey: the same rank')
-    figs = "".join(map_svg(m, cap, img, texts, files, caption_rows=rows, index=i) for i, m in enumerate(maps))
+    figs = "".join(map_svg(m, (cap, img), texts, files, caption_rows=rows, index=i) for i, m in enumerate(maps))
     return (f'<div class="ltd-explorer-sum"><span class="ltd-muted">{legend} · click a point to open that query in '
             f'Compare (● a caption, ■ an image)</span></div><div class="ltd-maps">{figs}</div>')

@@ -131,7 +131,7 @@ def coco_pairs(args: argparse.Namespace) -> list:
 
 
 def cmd_convert_coco(args: argparse.Namespace) -> int:
-    from training.data.coco import convert_coco, default_test_ids
+    from training.data.coco import KarpathyTest, convert_coco, default_test_ids
 
     pairs = coco_pairs(args)
     test_ids = args.karpathy_test
@@ -140,8 +140,8 @@ def cmd_convert_coco(args: argparse.Namespace) -> int:
         print("convert-coco: --coco-root without --split: using the standard 5k test split (--karpathy-test)", flush=True)
     if test_ids == "":
         test_ids = default_test_ids()
-    res = convert_coco(pairs, args.out, append=args.append, karpathy_test=test_ids, val_size=args.val_size,
-                       val_seed=args.val_seed, dataset=args.name)
+    split = None if test_ids is None else KarpathyTest(test_ids, val_size=args.val_size, val_seed=args.val_seed)
+    res = convert_coco(pairs, args.out, append=args.append, karpathy_test=split, dataset=args.name)
     print(json.dumps(res))
     return 0
 

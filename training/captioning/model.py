@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from training.captioning.config import CapModelConfig
+
 State = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # h_att, c_att, h_lang, c_lang
 
 
@@ -40,9 +42,13 @@ class Context:
 
 
 class TopDownCaptioner(nn.Module):
-    def __init__(self, vocab_size: int, feat_dim: int = 1280, *, word_dim: int = 512, hidden: int = 512,
-                 att_dim: int = 512, dropout: float = 0.5, pad_id: int = 0, bos_id: int = 2):
+    def __init__(self, vocab_size: int, feat_dim: int = 1280, shape: CapModelConfig | None = None, *,
+                 pad_id: int = 0, bos_id: int = 2):
+        """``shape``: the word embedding, LSTM and attention sizes and the dropout (the run config's
+        ``model`` section; None: its defaults, the self-critical code's 512 everywhere, dropout 0.5)."""
         super().__init__()
+        shape = shape if shape is not None else CapModelConfig()
+        word_dim, hidden, att_dim, dropout = shape.word_dim, shape.hidden, shape.att_dim, shape.dropout
         self.vocab_size, self.feat_dim, self.hidden, self.pad_id, self.bos_id = vocab_size, feat_dim, hidden, pad_id, bos_id
         self.embed = nn.Sequential(nn.Embedding(vocab_size, word_dim), nn.ReLU(), nn.Dropout(dropout))
         self.region_embed = nn.Sequential(nn.Linear(feat_dim, att_dim), nn.ReLU(), nn.Dropout(dropout))
@@ -109,6 +115,6 @@ class TopDownCaptioner(nn.Module):
         return F.log_softmax(logits, -1)
 
 
-def build_captioner(vocab_size: int, feat_dim: int, model_cfg, pad_id: int = 0, bos_id: int = 2) -> TopDownCaptioner:
-    return TopDownCaptioner(vocab_size, feat_dim, word_dim=model_cfg.word_dim, hidden=model_cfg.hidden,
-                            att_dim=model_cfg.att_dim, dropout=model_cfg.dropout, pad_id=pad_id, bos_id=bos_id)
+def build_captioner(vocab_size: int, feat_dim: int, model_cfg: CapModelConfig, pad_id: int = 0,
+                    bos_id: int = 2) -> TopDownCaptioner:
+    return TopDownCaptioner(vocab_size, feat_dim, model_cfg, pad_id=pad_id, bos_id=bos_id)

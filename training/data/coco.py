@@ -48,6 +48,17 @@ class CocoPair:
     split: str | None = None
 
 
+@dataclass(frozen=True)
+class KarpathyTest:
+    """The standard splits for :func:`convert_coco`: ``ids``, a ``.npy`` of the test split's caption
+    annotation ids (e.g. :func:`default_test_ids`), and the val split of ``val_size`` images drawn with
+    ``val_seed`` from the rest (the module docstring says how)."""
+
+    ids: str | Path
+    val_size: int = 5000
+    val_seed: int = 0
+
+
 def eccv_data_dir() -> Path:
     """The id maps shipped by ``eccv-caption`` (found without importing it: its import warns about ujson)."""
     spec = importlib.util.find_spec("eccv_caption")
@@ -254,11 +265,10 @@ def _is_package_list(path: Path) -> bool:
 
 # ---- the conversion ----------------------------------------------------------------------------------------
 def convert_coco(pairs: list[CocoPair], out: str | Path, *, append: bool = False,
-                 karpathy_test: str | Path | None = None, val_size: int = 5000, val_seed: int = 0,
-                 dataset: str = "coco", check_files: bool = True) -> dict:
+                 karpathy_test: KarpathyTest | None = None, dataset: str = "coco", check_files: bool = True) -> dict:
     """Official COCO caption files (one ``CocoPair`` each) → one Karpathy JSON at ``out``. With
-    ``karpathy_test`` (a ``.npy`` of test caption annotation ids, e.g. :func:`default_test_ids`) the
-    splits are assigned as the module docstring says; else every pair names its split. Returns counts."""
+    ``karpathy_test`` (the test split's caption ids and the val split's size and seed) the splits are
+    assigned as the module docstring says; else every pair names its split. Returns counts."""
     out = Path(out)
     if not pairs:
         raise DatasetError("no captions files given")
@@ -286,7 +296,8 @@ def convert_coco(pairs: list[CocoPair], out: str | Path, *, append: bool = False
         raise DatasetError("no captioned images found in the given files")
     sources = [str(p.captions) for p in pairs]
     if karpathy_test is not None:
-        images, provenance = karpathy_split(images, Path(karpathy_test), val_size=val_size, val_seed=val_seed,
+        kt = karpathy_test
+        images, provenance = karpathy_split(images, Path(kt.ids), val_size=kt.val_size, val_seed=kt.val_seed,
                                             sources=sources)
     else:
         provenance = {"method": "per_file", "files": {str(p.captions): p.split for p in pairs}}

@@ -50,9 +50,11 @@ def decode_key(draft: bool) -> dict:
 
 
 class ImageViews(torch.utils.data.Dataset):
-    """Item i = (index, (V, 3, S, S) views or None, error) for ``paths[indices[i]]``."""
+    """Item i = (index, (V, 3, S, S) views or None, error) for ``paths[indices[i]]``: the images to decode,
+    how (``pre``, ``n_views`` crops each, then ``transform``; ``draft``: JPEGs decoded at a reduced size
+    no smaller than the resize), as :func:`decoded_batches` batches them."""
 
-    def __init__(self, paths: Sequence[Path], indices: Sequence[int], pre: Preprocess, n_views: int,
+    def __init__(self, paths: Sequence[Path], indices: Sequence[int], pre: Preprocess, n_views: int = 1,
                  transform: ImageTransform | None = None, draft: bool = False):
         self.paths, self.indices, self.pre, self.n_views = paths, [int(i) for i in indices], pre, n_views
         self.transform, self.min_side = transform, (pre.resize if draft else 0)
@@ -108,14 +110,13 @@ def _decode_chunk(start: int, stop: int):
     return idx, (x.numpy() if x is not None else None), bad  # numpy pickles as plain bytes
 
 
-def decoded_batches(paths: Sequence[Path], indices: Sequence[int], pre: Preprocess, *, n_views: int = 1,
-                    batch_size: int = 64, workers: int | None = None, transform: ImageTransform | None = None,
-                    draft: bool = False, prefetch: int = 4) -> Iterator[tuple[list[int], torch.Tensor | None, list]]:
-    """Batches of ``batch_size // n_views`` images: (indices decoded, (n·V, 3, S, S) tensor, [(index, reason)])."""
+def decoded_batches(views: ImageViews, *, batch_size: int = 64, workers: int | None = None,
+                    prefetch: int = 4) -> Iterator[tuple[list[int], torch.Tensor | None, list]]:
+    """Batches of ``batch_size // views.n_views`` images of ``views``: (indices decoded, (n·V, 3, S, S)
+    tensor, [(index, reason)]), decoded by ``workers`` processes (None: as many as help, 0: in this one)."""
     if workers is None:
-        workers = default_workers(len(indices), batch_size)
-    views = ImageViews(paths, indices, pre, n_views, transform, draft)
-    per = max(1, batch_size // n_views)
+        workers = default_workers(len(views), batch_size)
+    per = max(1, batch_size // views.n_views)
     chunks = [(i, min(i + per, len(views))) for i in range(0, len(views), per)]
     if not workers:
         for start, stop in chunks:

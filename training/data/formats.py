@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from training.data.karpathy import CaptionRecord, Dataset, DatasetError, ImageRecord, load_karpathy, tokenize
@@ -35,6 +36,19 @@ log = logging.getLogger(__name__)
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".tab")
 DEFAULT_SPLIT = "test"  # rows without a split
+
+
+@dataclass(frozen=True)
+class RowSource:
+    """Where the rows that :func:`assemble` groups come from, as the ``Dataset`` records it: its ``name``,
+    the ``source`` file or folder, the images ``root`` their paths resolve under, the format ``fmt`` and
+    the ``columns`` mapping a table was read with."""
+
+    name: str
+    source: Path
+    root: Path
+    fmt: str
+    columns: str = ""
 
 
 def dataset_format(path: str | Path) -> str:
@@ -60,14 +74,14 @@ def read_dataset(path: str | Path, *, images_root: str | Path | None = None, dro
         return load_karpathy(path, images_root=images_root, check_files=check_files, drop_missing=drop_missing)
     p = Path(path)
     if kind == "shards":
-        return assemble(read_shards(path), name=p.stem.split("{")[0].rstrip("-_") or "shards", source=p,
-                        root=_shard_root(path), fmt="webdataset", check_files=check_files, drop_missing=drop_missing)
+        src = RowSource(p.stem.split("{")[0].rstrip("-_") or "shards", p, _shard_root(path), "webdataset")
+        return assemble(read_shards(path), src, check_files=check_files, drop_missing=drop_missing)
     if not p.exists():
         raise DatasetError(f"dataset file not found: {p}")
     reader = {"table": read_csv, "parquet": read_parquet, "datasets": read_saved_dataset}[kind]
     root = Path(images_root) if images_root else (p if p.is_dir() else p.parent)
-    return assemble(reader(p, columns), name=p.stem, source=p, root=root, fmt={"table": "csv"}.get(kind, kind),
-                    check_files=check_files, drop_missing=drop_missing, columns=columns)
+    src = RowSource(p.stem, p, root, {"table": "csv"}.get(kind, kind), columns)
+    return assemble(reader(p, columns), src, check_files=check_files, drop_missing=drop_missing)
 
 
 def _shard_root(spec: str | Path) -> Path:
@@ -95,8 +109,7 @@ def confined_path(value: str, root: Path, where: str) -> Path:
     return root / text
 
 
-def assemble(rows: Iterable[Row], *, name: str, source: Path, root: Path, fmt: str, check_files: bool = True,
-             drop_missing: bool = False, columns: str = "") -> Dataset:
+def assemble(rows: Iterable[Row], src: RowSource, *, check_files: bool = True, drop_missing: bool = False) -> Dataset:
     """Group rows by image (in order of first appearance) into a ``Dataset``: an image's captions are
     those of all its rows; its split and metadata are its first row's (another split on a later row
     is an error: the same image in train and test)."""
@@ -108,7 +121,7 @@ def assemble(rows: Iterable[Row], *, name: str, source: Path, root: Path, fmt: s
         if isinstance(row.image, ImageMember):
             key, path, filename = row.image, row.image, row.image.name
         else:
-            path = confined_path(str(row.image), root, row.where)
+            path = confined_path(str(row.image), src.root, row.where)
             key, filename = os.path.normpath(str(path)), str(row.image)
         split = row.split or DEFAULT_SPLIT
         split = {"restval": "train", "dev": "val", "validation": "val"}.get(split, split)
@@ -122,13 +135,12 @@ def assemble(rows: Iterable[Row], *, name: str, source: Path, root: Path, fmt: s
                                    f"{split!r} here (an image belongs to one split)")
             found[k][4].extend(row.captions)
     if not found:
-        raise DatasetError(f"{source}: no rows")
-    return _dataset(found, name=name, source=source, root=root, fmt=fmt, n_rows=n_rows, check_files=check_files,
-                    drop_missing=drop_missing, columns=columns)
+        raise DatasetError(f"{src.source}: no rows")
+    return _dataset(found, src, n_rows=n_rows, check_files=check_files, drop_missing=drop_missing)
 
 
-def _dataset(found: list, *, name: str, source: Path, root: Path, fmt: str, n_rows: int, check_files: bool,
-             drop_missing: bool, columns: str) -> Dataset:
+def _dataset(found: list, src: RowSource, *, n_rows: int, check_files: bool, drop_missing: bool) -> Dataset:
+    name, source, root, fmt = src.name, src.source, src.root, src.fmt
     images: list[ImageRecord] = []
     captions: list[CaptionRecord] = []
     metas: list[dict] = []
@@ -155,4 +167,4 @@ def _dataset(found: list, *, name: str, source: Path, root: Path, fmt: str, n_ro
         raise DatasetError(f"{source}: no usable images (all {len(missing)} missing on disk)")
     log.info("%s: %d rows → %d images, %d captions (%s)", source, n_rows, len(images), len(captions), fmt)
     return Dataset(name=name, json_path=source, root=root, images=images, captions=captions, missing=missing,
-                   meta={"format": fmt, "columns": columns}, image_meta=metas if any(metas) else [])
+                   meta={"format": fmt, "columns": src.columns}, image_meta=metas if any(metas) else [])

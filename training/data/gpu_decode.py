@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from training.data.decode_pool import ImageTransform, decoded_batches
+from training.data.decode_pool import ImageTransform, ImageViews, decoded_batches
 from training.data.decode_pool import decode_key as cpu_decode_key
 from training.data.images import ALLOWED_FORMATS, MAX_PIXELS, ImageError, Preprocess, load_image
 from training.env import environment
@@ -162,8 +162,8 @@ def image_batches(paths: Sequence[Path], indices: Sequence[int], pre: Preprocess
     """Decoded batches for a model on ``device``: on the GPU when :func:`uses_gpu`, else ``decoded_batches``."""
     if uses_gpu(device, transform):
         return gpu_decoded_batches(paths, indices, pre, device, n_views=n_views, batch_size=batch_size)
-    return decoded_batches(paths, indices, pre, n_views=n_views, batch_size=batch_size, workers=workers,
-                           transform=transform, draft=draft)
+    return decoded_batches(ImageViews(paths, indices, pre, n_views, transform, draft), batch_size=batch_size,
+                           workers=workers)
 
 
 def uses_gpu(device, transform: ImageTransform | None = None) -> bool:

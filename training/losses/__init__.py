@@ -9,7 +9,7 @@ diagnostics for logging and are never summed into it.
 :class:`.objective.TrainingObjective` composes them for training (contrastive + reconstruction,
 combined, with the sh → mh curriculum) and is the only reader of the loss config.
 """
-from .constraint import COMBINE_MODES, LossCombiner
+from .constraint import COMBINE_MODES, LambdaSettings, LossCombiner
 from .factory import (
     CONTRASTIVE_LOSSES,
     SIMILARITIES,
@@ -44,6 +44,7 @@ __all__ = [
     "ITDReconstructionLoss",
     "InfoNCELoss",
     "LTDReconstructionLoss",
+    "LambdaSettings",
     "LossCombiner",
     "MaxHingeLoss",
     "ObjectiveNeeds",

@@ -49,6 +49,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -61,6 +62,19 @@ from training import choices
 logger = logging.getLogger(__name__)
 
 COMBINE_MODES = choices.names(choices.CombineMode)
+
+
+@dataclass(frozen=True)
+class LambdaSettings:
+    """How ``constraint`` mode's λ starts, moves and is bounded (the ``loss.lambda_*`` settings): its
+    initial value, the learning rate, momentum and dampening of its SGD ascent, and the bound of its
+    projection into ``[0, lambda_max]``."""
+
+    lambda_init: float = 1.0
+    lambda_lr: float = 5e-3
+    lambda_momentum: float = 0.9
+    lambda_dampening: float = 0.9
+    lambda_max: float = 100.0
 
 
 class LossCombiner(nn.Module):
@@ -82,14 +96,15 @@ class LossCombiner(nn.Module):
         mode: str,
         beta: float = 1.0,
         eta: float = 0.2,
-        lambda_init: float = 1.0,
-        lambda_lr: float = 5e-3,
-        lambda_momentum: float = 0.9,
-        lambda_dampening: float = 0.9,
-        lambda_max: float = 100.0,
+        lam: LambdaSettings | None = None,
         schedule: Sequence[float] | np.ndarray | None = None,
     ) -> None:
+        """``lam``: λ's settings (None: the defaults of :class:`LambdaSettings`); ``schedule``: the λ of
+        every step, for ``replay``."""
         super().__init__()
+        lam = lam if lam is not None else LambdaSettings()
+        lambda_init, lambda_lr, lambda_max = lam.lambda_init, lam.lambda_lr, lam.lambda_max
+        lambda_momentum, lambda_dampening = lam.lambda_momentum, lam.lambda_dampening
         if mode not in COMBINE_MODES:
             raise ValueError(f"mode must be one of {COMBINE_MODES}, got {mode!r}")
         if not beta >= 0:

@@ -38,7 +38,7 @@ from training.data.vocab import Vocab
 from training.errors import UserValueError
 from training.models.decoders import InputTokenDecoder
 
-from .constraint import LossCombiner
+from .constraint import LambdaSettings, LossCombiner
 from .factory import build_contrastive_loss, similarity_for
 from .lambda_trace import read_lambda_trace, write_lambda_trace
 from .reconstruction import ITDReconstructionLoss, LTDReconstructionLoss
@@ -59,10 +59,10 @@ def build_combiner(loss_cfg: LossConfig, total_steps: int) -> LossCombiner:
                              f"{total_steps}: the source run must have the same batches and epochs")
         log.info("replaying λ from %s (%d steps, λ %.3g → %.3g, max %.3g)", loss_cfg.lambda_schedule,
                  len(schedule), schedule[0], schedule[total_steps - 1], schedule[:total_steps].max())
-    return LossCombiner(loss_cfg.mode, beta=loss_cfg.beta, eta=loss_cfg.eta, lambda_init=loss_cfg.lambda_init,
-                        lambda_lr=loss_cfg.lambda_lr, lambda_momentum=loss_cfg.lambda_momentum,
-                        lambda_dampening=loss_cfg.lambda_dampening, lambda_max=loss_cfg.lambda_max,
-                        schedule=schedule)
+    lam = LambdaSettings(lambda_init=loss_cfg.lambda_init, lambda_lr=loss_cfg.lambda_lr,
+                         lambda_momentum=loss_cfg.lambda_momentum, lambda_dampening=loss_cfg.lambda_dampening,
+                         lambda_max=loss_cfg.lambda_max)
+    return LossCombiner(loss_cfg.mode, beta=loss_cfg.beta, eta=loss_cfg.eta, lam=lam, schedule=schedule)
 
 
 def first_contrastive(loss: LossConfig) -> str:

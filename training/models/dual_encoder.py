@@ -176,13 +176,8 @@ def build_text_encoder(cfg: Config, vocab: Vocab, word_embeddings: torch.Tensor 
     """The caption encoder of ``model.text_encoder``: gru | sbert | tern (which needs the shared layers)."""
     m = cfg.model
     if m.text_encoder == "gru":
-        word_dim = word_embeddings.shape[1] if word_embeddings is not None else m.word_dim
-        return GRUTextEncoder(vocab, word_dim, m.text_hidden, m.embed_dim, layers=m.text_layers,
-                              head_hidden=m.head_hidden, batchnorm=m.batchnorm, token_dropout=m.token_dropout,
-                              max_len=cfg.data.max_caption_len, embeddings=word_embeddings, head=m.text_head,
-                              pool=m.text_pool)
+        return GRUTextEncoder(vocab, m, max_len=cfg.data.max_caption_len, embeddings=word_embeddings)
     if m.text_encoder == "tern":
         return tern_text_encoder(m, shared, cfg.data.max_caption_len)
-    return SBERTTextEncoder(str(resolve_sentence_model(m.sbert_path)), m.embed_dim, train_layers=m.sbert_train_layers,
-                            head=m.text_head, head_hidden=m.head_hidden, batchnorm=m.batchnorm,
-                            max_len=cfg.data.max_caption_len, cache_dir=cfg.data.cache_dir)
+    return SBERTTextEncoder(str(resolve_sentence_model(m.sbert_path)), m, max_len=cfg.data.max_caption_len,
+                            cache_dir=cfg.data.cache_dir)

@@ -56,9 +56,7 @@ def region_image_head(m: ModelConfig, feat_dim: int, backbone: Backbone | None, 
         return VSRNImageHead(channels, m.reasoning_dim, m.embed_dim, layers=m.reasoning_layers, head=m.image_head,
                              head_hidden=m.head_hidden, batchnorm=m.batchnorm)
     assert shared is not None
-    return TERNImageHead(channels, n_regions, m.reasoning_dim, shared, layers=m.reasoning_layers,
-                         heads=m.attention_heads, ff=m.reasoning_ff, dropout=m.reasoning_dropout,
-                         positions=m.region_positions)
+    return TERNImageHead(channels, n_regions, m, shared)
 
 
 def tern_text_encoder(m: ModelConfig, shared: SharedReasoning, max_len: int) -> TERNTextEncoder:

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from training.config import ModelConfig
 from training.models.vsrn import regions_of
 
 
@@ -51,15 +52,17 @@ class SharedReasoning(nn.Module):
 class TERNImageHead(nn.Module):
     """Region rows (B, R·C) → (B, E) through image-only transformer layers and the shared layers."""
 
-    def __init__(self, region_dim: int, n_regions: int, dim: int, shared: SharedReasoning, *, layers: int = 4,
-                 heads: int = 4, ff: int = 1024, dropout: float = 0.1, positions: bool = False):
+    def __init__(self, region_dim: int, n_regions: int, m: ModelConfig, shared: SharedReasoning):
+        """``m``: the layers' width (``reasoning_dim``), depth (``reasoning_layers``), heads, feed-forward
+        width and dropout, and whether each region slot has a learned embedding (``region_positions``)."""
         super().__init__()
+        dim = m.reasoning_dim
         self.region_dim = region_dim
         self.fc = nn.Linear(region_dim, dim)
         self.norm = nn.LayerNorm(dim)  # region features arrive on the CNN's scale (grid: 0–6; bottom-up: 0–100s)
         self.cls = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
-        self.pos = nn.Parameter(torch.randn(1, n_regions, dim) * 0.02) if positions else None
-        self.encoder = transformer(dim, layers, heads, ff, dropout)
+        self.pos = nn.Parameter(torch.randn(1, n_regions, dim) * 0.02) if m.region_positions else None
+        self.encoder = transformer(dim, m.reasoning_layers, m.attention_heads, m.reasoning_ff, m.reasoning_dropout)
         self.shared = shared
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from training.config import ModelConfig
 from training.data.karpathy import tokenize
 from training.data.vocab import Vocab, pad_batch
 from training.errors import UserValueError
@@ -25,19 +26,22 @@ CORPUS_MIN = 512      # embed_corpus: fewer new texts than this stay in memory o
 
 
 class GRUTextEncoder(nn.Module):
-    def __init__(self, vocab: Vocab, word_dim: int, hidden: int, embed_dim: int, *, layers: int = 1,
-                 head_hidden: int = 2048, batchnorm: bool = False, token_dropout: float = 0.0,
-                 max_len: int = 40, embeddings: torch.Tensor | None = None, head: str = "mlp",
-                 pool: str = "mean"):
+    def __init__(self, vocab: Vocab, m: ModelConfig, *, max_len: int = 40, embeddings: torch.Tensor | None = None):
+        """Word embeddings (``embeddings``' width when given, else ``m.word_dim``) → a bi-GRU of
+        ``m.text_layers`` layers and ``m.text_hidden`` units per direction, pooled by ``m.text_pool``
+        → the projection head (``m.text_head``, ``m.head_hidden``, ``m.batchnorm``) into ``m.embed_dim``;
+        ``m.token_dropout`` while training, captions cut at ``max_len`` words."""
         super().__init__()
+        word_dim = embeddings.shape[1] if embeddings is not None else m.word_dim
+        hidden, embed_dim, token_dropout, pool = m.text_hidden, m.embed_dim, m.token_dropout, m.text_pool
         if pool not in ("mean", "max"):
             raise ValueError(f"pool must be mean or max, not {pool!r}")
         self.vocab, self.max_len, self.token_dropout, self.pool = vocab, max_len, token_dropout, pool
         self.embed = nn.Embedding(len(vocab), word_dim, padding_idx=vocab.pad_id)
         if embeddings is not None:
             self.embed.weight.data.copy_(embeddings)
-        self.gru = nn.GRU(word_dim, hidden, num_layers=layers, batch_first=True, bidirectional=True)
-        self.head = ProjectionHead(2 * hidden, embed_dim, head_hidden, head, batchnorm)
+        self.gru = nn.GRU(word_dim, hidden, num_layers=m.text_layers, batch_first=True, bidirectional=True)
+        self.head = ProjectionHead(2 * hidden, embed_dim, m.head_hidden, m.text_head, m.batchnorm)
         self.out_dim = embed_dim
 
     def prepare(self, texts: Sequence[str], train: bool = False, generator: torch.Generator | None = None) -> dict:
@@ -70,9 +74,11 @@ class SBERTTextEncoder(nn.Module):
     training runs the head only; k > 0 fine-tunes the top k layers and freezes the rest.
     """
 
-    def __init__(self, model_path: str, embed_dim: int, *, train_layers: int = -1, head: str = "mlp",
-                 head_hidden: int = 2048, batchnorm: bool = False, max_len: int = 40, cache_dir: str = ""):
+    def __init__(self, model_path: str, m: ModelConfig, *, max_len: int = 40, cache_dir: str = ""):
+        """``m``: the joint space's size (``embed_dim``), the layers fine-tuned (``sbert_train_layers``, as
+        ``train_layers`` above) and the projection head (``text_head``, ``head_hidden``, ``batchnorm``)."""
         super().__init__()
+        embed_dim, train_layers = m.embed_dim, m.sbert_train_layers
         self.st = load_sentence_model(model_path)
         # word pieces: a caption of max_len words rarely needs more than 2 per word (+ CLS/SEP)
         self.st.max_seq_length = min(self.st.max_seq_length, 2 * max_len + 2)
@@ -80,7 +86,7 @@ class SBERTTextEncoder(nn.Module):
         self.frozen = train_layers == 0
         self.cache_dir = cache_dir  # where embed_corpus keeps a frozen encoder's embeddings ("" = the default cache)
         dim_of = getattr(self.st, "get_embedding_dimension", None) or self.st.get_sentence_embedding_dimension
-        self.head = ProjectionHead(dim_of(), embed_dim, head_hidden, head, batchnorm)
+        self.head = ProjectionHead(dim_of(), embed_dim, m.head_hidden, m.text_head, m.batchnorm)
         self.out_dim = embed_dim
         self._memory: dict[str, torch.Tensor] = {}
         train_top_layers(self.st, train_layers)

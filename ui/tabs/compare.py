@@ -31,6 +31,19 @@ from ui.render import (
     query_html,
 )
 
+
+@dataclass(frozen=True)
+class Pair:
+    """What one comparison is of besides its query, as every Compare event passes it along: the two
+    models ``a`` and ``b``, the top ``k`` (as the dropdown or a shared link gives it) and the filter bar's
+    filter ``flt`` (None: the whole index)."""
+
+    a: str
+    b: str
+    k: Any = 10
+    flt: dict | None = None
+
+
 EMPTY_COMPARE = ('<div class="ltd-empty">One query, two models side by side. Pick a caption or an image above, '
                  'or click a row in the <b>Explorer</b> tab.</div>')
 
@@ -97,38 +110,37 @@ def explain_panel(service: SearchService, a: str, b: str, query: dict, thumbs: T
         return notice(f"No word attributions: {e.detail}", "info"), None
 
 
-def compare_view(service: SearchService, a: str, b: str, query: dict | None, k: Any, thumbs: ThumbSrc,
-                 explain_image: int | None = None, flt: dict | None = None) -> tuple[str, str, str]:
-    """(results HTML, attributions HTML, URL state) of one comparison within ``flt``; ``query`` None shows
+def compare_view(service: SearchService, p: Pair, query: dict | None, thumbs: ThumbSrc,
+                 explain_image: int | None = None) -> tuple[str, str, str]:
+    """(results HTML, attributions HTML, URL state) of one comparison within ``p.flt``; ``query`` None shows
     the notice of why there is none."""
-    pins = share.pins(service, a, b)
+    pins = share.pins(service, p.a, p.b)
     if query is None:
-        return EMPTY_COMPARE, "", share.compare_state(a, b, k, None, flt=flt, pins=pins)
-    html = compare(service, a, b, query, k, thumbs, flt)
-    attr, shown = explain_panel(service, a, b, query, thumbs, explain_image, flt)
-    return html, attr, share.compare_state(a, b, inputs.parse_k(k), query, shown, flt=flt, pins=pins)
+        return EMPTY_COMPARE, "", share.compare_state(p.a, p.b, p.k, None, flt=p.flt, pins=pins)
+    html = compare(service, p.a, p.b, query, p.k, thumbs, p.flt)
+    attr, shown = explain_panel(service, p.a, p.b, query, thumbs, explain_image, p.flt)
+    return html, attr, share.compare_state(p.a, p.b, inputs.parse_k(p.k), query, shown, flt=p.flt, pins=pins)
 
 
-def compare_text(ctx: UIContext, a: str, b: str, text: str | None, picked: DatasetCaption | None, k: Any,
-                 image: int | None = None, flt: dict | None = None) -> tuple:
+def compare_text(ctx: UIContext, p: Pair, text: str | None, picked: DatasetCaption | None,
+                 image: int | None = None) -> tuple:
     """(results, attributions, URL state) for the text box (a picked dataset caption while the box holds its
     text, free text otherwise); a bad input is a notice and leaves the URL state as it is."""
     try:
         q = inputs.text_query(text, picked)
     except SearchError as e:
         return notice(e.detail, "error"), "", gr.skip()
-    return compare_view(ctx.service, a, b, q, k, ctx.thumbs, image, flt)
+    return compare_view(ctx.service, p, q, ctx.thumbs, image)
 
 
-def compare_image(ctx: UIContext, a: str, b: str, image_id: Any, upload: str | None, k: Any,
-                  flt: dict | None = None) -> tuple:
+def compare_image(ctx: UIContext, p: Pair, image_id: Any, upload: str | None) -> tuple:
     """(results, attributions, URL state) for the image inputs: an upload (within the upload limit) wins
     over a dataset image id."""
     try:
         q = inputs.image_query(image_id, upload, ctx.limits.max_upload_bytes)
     except SearchError as e:
         return notice(e.detail, "error"), "", gr.skip()
-    return compare_view(ctx.service, a, b, q, k, ctx.thumbs, flt=flt)
+    return compare_view(ctx.service, p, q, ctx.thumbs)
 
 
 @dataclass
@@ -159,18 +171,18 @@ class CompareTab:
                 self.img_id, self.upload, self.out, self.explain_out, self.share]
 
 
-def opened(t: CompareTab, tabs: gr.Tabs, ctx: UIContext, a: str, b: str, k: Any, query: dict,
-           explain_image: int | None = None, flt: dict | None = None) -> dict:
-    """Updates that switch to Compare with ``query`` filled in and already compared within ``flt`` (Explorer
+def opened(t: CompareTab, tabs: gr.Tabs, ctx: UIContext, p: Pair, query: dict, explain_image: int | None = None) -> dict:
+    """Updates that switch to Compare with ``query`` filled in and already compared within ``p.flt`` (Explorer
     clicks, shared links)."""
-    html, attr, state = compare_view(ctx.service, a, b, query, k, ctx.thumbs, explain_image, flt)
+    html, attr, state = compare_view(ctx.service, p, query, ctx.thumbs, explain_image)
     text_mode = "image_id" not in query
-    upd = {tabs: gr.Tabs(selected="compare"), t.a: a, t.b: b, t.k: inputs.parse_k(k), t.kind: "text" if text_mode else "image",
+    upd = {tabs: gr.Tabs(selected="compare"), t.a: p.a, t.b: p.b, t.k: inputs.parse_k(p.k),
+           t.kind: "text" if text_mode else "image",
            t.text_panel: gr.Column(visible=text_mode), t.img_panel: gr.Row(visible=not text_mode),
            t.out: html, t.explain_out: attr, t.share: state}
     if "caption_id" in query:
         try:
-            picked = ctx.service.caption(a, query["caption_id"])
+            picked = ctx.service.caption(p.a, query["caption_id"])
         except SearchError:
             picked = DatasetCaption(id=query["caption_id"], text="", image_id=None)
         upd |= {t.text: picked.text, t.picked: picked}
@@ -190,8 +202,7 @@ CARD_JS = """element.addEventListener('click', (ev) => {
 ``ACTIONS_JS``)."""
 
 
-def explain_picked(ctx: UIContext, a: str, b: str, text: str, picked: dict | None, k: Any, kind: str,
-                   data: dict, flt: dict | None = None) -> tuple:
+def explain_picked(ctx: UIContext, p: Pair, text: str, picked: dict | None, kind: str, data: dict) -> tuple:
     """(attributions, URL state) after a click on a result image (``data``: the browser's {"iid": …}): the
     text query explained for that image."""
     try:
@@ -201,8 +212,9 @@ def explain_picked(ctx: UIContext, a: str, b: str, text: str, picked: dict | Non
         return gr.skip(), gr.skip()
     if kind != "text" or iid is None:
         return gr.skip(), gr.skip()
-    attr, shown = explain_panel(ctx.service, a, b, q, ctx.thumbs, iid, flt)
-    return attr, share.compare_state(a, b, inputs.parse_k(k), q, shown, flt=flt, pins=share.pins(ctx.service, a, b))
+    attr, shown = explain_panel(ctx.service, p.a, p.b, q, ctx.thumbs, iid, p.flt)
+    return attr, share.compare_state(p.a, p.b, inputs.parse_k(p.k), q, shown, flt=p.flt,
+                                     pins=share.pins(ctx.service, p.a, p.b))
 
 
 def build(ctx: UIContext, flt: gr.State) -> CompareTab:
@@ -244,10 +256,10 @@ def _wire(ctx: UIContext, t: CompareTab, flt: gr.State, go, rand, img_go, swap) 
     svc = ctx.service
 
     def cmp_text(a, b, text, picked, k, flt=None):
-        return compare_text(ctx, a, b, text, picked, k, None, flt)
+        return compare_text(ctx, Pair(a, b, k, flt), text, picked)
 
     def cmp_image(a, b, image_id, upload, k, flt=None):
-        return compare_image(ctx, a, b, image_id, upload, k, flt)
+        return compare_image(ctx, Pair(a, b, k, flt), image_id, upload)
 
     def cmp_rand(a, b, k, current, flt):
         try:
@@ -272,19 +284,22 @@ def _wire(ctx: UIContext, t: CompareTab, flt: gr.State, go, rand, img_go, swap) 
             return (gr.skip(),) * 4
         return "", *cmp_image(a, b, None, upload, k, flt)
 
-    def cmp_last(a, b, text, picked, image_id, upload, k, kind, flt):
-        """Re-run the shown compare after a model/k/filter change, if there is one."""
+    def cmp_last(v: dict):
+        """Re-run the shown compare after a model/k/filter change, if there is one (``v``: the values of
+        ``last_inputs``, by component)."""
+        text, image_id, upload, kind = v[t.text], v[t.img_id], v[t.upload], v[t.kind]
         if kind == "text" and (text or "").strip():
-            return cmp_text(a, b, text, picked, k, flt)
+            return cmp_text(v[t.a], v[t.b], text, v[t.picked], v[t.k], v[flt])
         if kind == "image" and (upload or (image_id or "").strip()):
-            return cmp_image(a, b, image_id, upload, k, flt)
+            return cmp_image(v[t.a], v[t.b], image_id, upload, v[t.k], v[flt])
         return gr.skip(), gr.skip(), gr.skip()
 
-    def cmp_swap(a, b, *rest):
-        return b, a, *cmp_last(b, a, *rest)
+    def cmp_swap(v: dict):
+        return v[t.b], v[t.a], *cmp_last(v | {t.a: v[t.b], t.b: v[t.a]})
 
-    def explain_clicked(a, b, text, picked, k, kind, flt, evt: gr.EventData):
-        return explain_picked(ctx, a, b, text, picked, k, kind, getattr(evt, "_data", None) or {}, flt)
+    def explain_clicked(v: dict, evt: gr.EventData):
+        return explain_picked(ctx, Pair(v[t.a], v[t.b], v[t.k], v[flt]), v[t.text], v[t.picked], v[t.kind],
+                              getattr(evt, "_data", None) or {})
 
     shown = [t.out, t.explain_out, t.share]
     t.kind.change(lambda kind: (gr.Column(visible=kind == "text"), gr.Row(visible=kind == "image")), t.kind,
@@ -298,10 +313,10 @@ def _wire(ctx: UIContext, t: CompareTab, flt: gr.State, go, rand, img_go, swap) 
                     [t.upload, *shown])
     t.gallery.select(cmp_pick, [t.gallery_ids, t.a, t.b, t.k, flt], [t.img_id, t.upload, *shown])
     t.upload.upload(cmp_upload, [t.a, t.b, t.upload, t.k, flt], [t.img_id, *shown])
-    last_inputs = [t.a, t.b, t.text, t.picked, t.img_id, t.upload, t.k, t.kind, flt]
+    last_inputs = {t.a, t.b, t.text, t.picked, t.img_id, t.upload, t.k, t.kind, flt}  # a set: one dict of values
     for comp in (t.a, t.b, t.k):
         comp.input(cmp_last, last_inputs, shown)
     flt.change(cmp_last, last_inputs, shown)
     swap.click(cmp_swap, last_inputs, [t.a, t.b, *shown])
-    t.out.pick(explain_clicked, [t.a, t.b, t.text, t.picked, t.k, t.kind, flt], [t.explain_out, t.share])
+    t.out.pick(explain_clicked, {t.a, t.b, t.text, t.picked, t.k, t.kind, flt}, [t.explain_out, t.share])
     t.share.change(None, t.share, None, js=share.SYNC_JS)

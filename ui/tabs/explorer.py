@@ -12,7 +12,7 @@ image matches, an image query that matches) and counts how many each model wins 
 A click on a row, an example or a point opens that query in Compare."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import gradio as gr
@@ -25,6 +25,7 @@ from ui import filters, inputs, share
 from ui.context import UIContext
 from ui.explain_render import CLICK_JS, maps_html, words_html
 from ui.render import ThumbSrc, esc, need_two_notice, notice
+from ui.share import UIState
 from ui.tabs import compare as compare_tab
 
 # the progress bar of the words and map views (their first computation is a split-wide pass): Gradio
@@ -34,6 +35,36 @@ PROGRESS = gr.Progress(track_tqdm=True)
 
 EXPLORER_HEADERS = ["dir", "id", "query", "rank A", "rank B", "P@5 A", "P@5 B", "nDCG A", "nDCG B", "better", "Δ"]
 """Δ = |log2(rank A / rank B)| of the first ground truth: 1 means one model ranks it twice as high."""
+
+
+@dataclass(frozen=True)
+class Queries:
+    """What the queries view lists: the queries of models ``a`` and ``b`` in ``direction`` (both | t2i |
+    i2t) that ``winner`` ranks higher (any | a | b | tie), at most ``limit`` rows, within the filter bar's
+    filter ``flt`` (None: every query)."""
+
+    a: str
+    b: str
+    direction: str = "both"
+    winner: str = "any"
+    limit: Any = 200
+    flt: dict | None = None
+
+
+@dataclass(frozen=True)
+class View:
+    """The Explorer's view controls as the page holds them (``ExplorerTab.view_inputs``, then the filter):
+    which ``view`` (queries | words | map) of models ``a`` and ``b``, the words view's ``min_count`` and
+    ``top``, the map's ``color`` (disagreement | word) and ``word``, and the filter bar's ``flt``."""
+
+    view: str
+    a: str
+    b: str
+    min_count: Any = 5
+    top: Any = 15
+    color: str = "disagreement"
+    word: str = ""
+    flt: dict | None = None
 
 
 def explorer_headers(a: str, b: str) -> list[str]:
@@ -57,14 +88,13 @@ def in_slice(service: SearchService, a: str, rows: list[dict], flt: dict | None)
     return [r for r in rows if keep(r)]
 
 
-def explorer(service: SearchService, a: str, b: str, direction: str = "both", winner: str = "any",
-             limit: int = 200, thumbs: ThumbSrc | None = None,
-             flt: dict | None = None) -> tuple[list[list], list[dict], str]:
-    """(table rows, raw rows, summary HTML) of the queries sorted by disagreement between a and b, only
-    those of the slice ``flt`` keeps (ranks are over the whole split, as `ltd eval` ranks).
+def explorer(service: SearchService, q: Queries, thumbs: ThumbSrc | None = None) -> tuple[list[list], list[dict], str]:
+    """(table rows, raw rows, summary HTML) of the queries sorted by disagreement between ``q.a`` and
+    ``q.b``, only those of the slice ``q.flt`` keeps (ranks are over the whole split, as `ltd eval` ranks).
 
-    ``winner`` is any | a | b | tie (which model ranks the ground truth higher). With ``thumbs``, image
+    ``q.winner`` is any | a | b | tie (which model ranks the ground truth higher). With ``thumbs``, image
     queries show a thumbnail in the query cell (an HTML column)."""
+    a, b, direction, winner, limit, flt = q.a, q.b, q.direction, q.winner, q.limit, q.flt
     if len(service.registry.names) < 2:
         return [], [], need_two_notice(service) or ""
     if not a or not b or a == b:
@@ -207,36 +237,36 @@ class ExplorerTab:
                 *self.view_outputs(share_box)]
 
 
-def queries_update(ctx: UIContext, t: ExplorerTab, a: str, b: str, direction: str = "both", winner: str = "any",
-                   limit: Any = 200, flt: dict | None = None) -> dict:
-    """The queries view's table, rows and summary, within the slice ``flt`` keeps."""
-    cells, raw, text = explorer(ctx.service, a, b, direction, winner, int(limit or 200), thumbs=ctx.thumbs, flt=flt)
-    return {t.table: pd.DataFrame(cells, columns=explorer_headers(a, b)), t.rows: raw, t.summary: text}
+def queries_update(ctx: UIContext, t: ExplorerTab, q: Queries) -> dict:
+    """The queries view's table, rows and summary, within the slice ``q.flt`` keeps."""
+    cells, raw, text = explorer(ctx.service, replace(q, limit=int(q.limit or 200)), thumbs=ctx.thumbs)
+    return {t.table: pd.DataFrame(cells, columns=explorer_headers(q.a, q.b)), t.rows: raw, t.summary: text}
 
 
-def view_update(ctx: UIContext, t: ExplorerTab, share_box: gr.Textbox, view: str, a: str, b: str, min_count: Any = 5,
-                top: Any = 15, color: str = "disagreement", word: str = "", flt: dict | None = None) -> dict:
-    """Show ``view`` and fill it (the words of a split are computed once per index; tqdm feeds the page's
+def view_update(ctx: UIContext, t: ExplorerTab, share_box: gr.Textbox, v: View) -> dict:
+    """Show ``v.view`` and fill it (the words of a split are computed once per index; tqdm feeds the page's
     progress bar meanwhile); the URL state follows."""
-    upd: dict = {p: gr.Column(visible=v == view) for v, p in t.panels.items()}
-    if view == "words":
-        upd[t.words_out] = words_view(ctx.service, a, b, min_count, top, show_progress=True)
-    elif view == "map":
-        upd[t.map_out] = map_view(ctx.service, a, b, color, word)
-    upd[share_box] = share.write("explorer", a=a, b=b, view=view,
-                                 word=(word or None) if view == "map" and color == "word" else None,
-                                 f=share.filter_value(flt), **share.pins(ctx.service, a, b))
+    a, b = v.a, v.b
+    upd: dict = {p: gr.Column(visible=name == v.view) for name, p in t.panels.items()}
+    if v.view == "words":
+        upd[t.words_out] = words_view(ctx.service, a, b, v.min_count, v.top, show_progress=True)
+    elif v.view == "map":
+        upd[t.map_out] = map_view(ctx.service, a, b, v.color, v.word)
+    upd[share_box] = share.write("explorer", a=a, b=b, view=v.view,
+                                 word=(v.word or None) if v.view == "map" and v.color == "word" else None,
+                                 f=share.filter_value(v.flt), **share.pins(ctx.service, a, b))
     return upd
 
 
-def restored(ctx: UIContext, t: ExplorerTab, share_box: gr.Textbox, a: str, b: str, view: str | None,
-             word: str | None, flt: dict | None = None) -> dict:
-    """The Explorer as a shared link names it: models, view, map word and filter, everything filled."""
-    color = "word" if word else "disagreement"
-    queries = queries_update(ctx, t, a, b, flt=flt)
-    return ({t.a: a, t.b: b, t.view: view or "queries", t.color: color, t.word: word or "",
+def restored(ctx: UIContext, t: ExplorerTab, share_box: gr.Textbox, a: str, b: str, state: UIState) -> dict:
+    """The Explorer as the shared link ``state`` names it, on models ``a`` and ``b``: its view, map word
+    and filter, everything filled."""
+    view, word = state.view or "queries", state.word or ""
+    v = View(view, a, b, color="word" if word else "disagreement", word=word, flt=state.f)
+    queries = queries_update(ctx, t, Queries(a, b, flt=state.f))
+    return ({t.a: a, t.b: b, t.view: view, t.color: v.color, t.word: word,
              t.win: gr.Radio(choices=winner_choices(a, b), value="any")}
-            | queries | view_update(ctx, t, share_box, view or "queries", a, b, color=color, word=word or "", flt=flt))
+            | queries | view_update(ctx, t, share_box, v))
 
 
 def build(ctx: UIContext, compare: compare_tab.CompareTab, tabs: gr.Tabs, flt: gr.State) -> ExplorerTab:
@@ -283,7 +313,7 @@ def build(ctx: UIContext, compare: compare_tab.CompareTab, tabs: gr.Tabs, flt: g
 
 def _wire(ctx: UIContext, t: ExplorerTab, c: compare_tab.CompareTab, tabs: gr.Tabs, flt: gr.State) -> None:
     def run_explorer(a, b, direction, winner, limit, flt):
-        return queries_update(ctx, t, a, b, direction, winner, limit, flt)
+        return queries_update(ctx, t, Queries(a, b, direction, winner, limit, flt))
 
     def rerun_explorer(a, b, direction, winner, limit, flt, summary):
         """A new filter: the queries view again, if it was shown (its first computation is split-wide)."""
@@ -300,18 +330,22 @@ def _wire(ctx: UIContext, t: ExplorerTab, c: compare_tab.CompareTab, tabs: gr.Ta
         except (SearchError, ValueError, TypeError, IndexError) as e:
             return {c.out: notice(e.detail if isinstance(e, SearchError) else str(e), "error")}
         q = {"caption_id": q["caption_id"]} if q["direction"] == "t2i" else {"image_id": q["image_id"]}
-        return compare_tab.opened(c, tabs, ctx, a, b, k, q, flt=flt)
+        return compare_tab.opened(c, tabs, ctx, compare_tab.Pair(a, b, k, flt), q)
 
     def open_clicked(a, b, k, flt, evt: gr.EventData):
         q = clicked_query(evt)
-        return compare_tab.opened(c, tabs, ctx, a, b, k, q, flt=flt) if q else {c.out: gr.skip()}
+        return compare_tab.opened(c, tabs, ctx, compare_tab.Pair(a, b, k, flt), q) if q else {c.out: gr.skip()}
 
-    def show_view(view, a, b, min_count, top, color, word, flt, progress=PROGRESS):
-        return view_update(ctx, t, c.share, view, a, b, min_count, top, color, word, flt)
+    def view_of(v: dict) -> View:
+        """The view controls' values (``view_inputs``, by component: a set of inputs gives one dict)."""
+        return View(v[t.view], v[t.a], v[t.b], v[t.min_count], v[t.top], v[t.color], v[t.word], v[flt])
 
-    def show_word(view, a, b, min_count, top, color, word, flt, progress=PROGRESS):
+    def show_view(v: dict, progress=PROGRESS):
+        return view_update(ctx, t, c.share, view_of(v))
+
+    def show_word(v: dict, progress=PROGRESS):
         """Enter in the word box: colour the map by that word."""
-        return {t.color: "word"} | view_update(ctx, t, c.share, "map", a, b, min_count, top, "word", word, flt)
+        return {t.color: "word"} | view_update(ctx, t, c.share, replace(view_of(v), view="map", color="word"))
 
     queries = [t.table, t.rows, t.summary]
     ex_inputs = [t.a, t.b, t.direction, t.win, t.limit, flt]
@@ -321,10 +355,10 @@ def _wire(ctx: UIContext, t: ExplorerTab, c: compare_tab.CompareTab, tabs: gr.Ta
         comp.input(run_explorer, ex_inputs, queries)
     for comp in (t.a, t.b):
         comp.input(explorer_models, ex_inputs, [t.win, *queries])
-        comp.input(show_view, [*t.view_inputs, flt], t.view_outputs(c.share))
+        comp.input(show_view, {*t.view_inputs, flt}, t.view_outputs(c.share))
     for comp in (t.view, t.min_count, t.top, t.color):
-        comp.input(show_view, [*t.view_inputs, flt], t.view_outputs(c.share))
-    t.word.submit(show_word, [*t.view_inputs, flt], [t.color, *t.view_outputs(c.share)])
+        comp.input(show_view, {*t.view_inputs, flt}, t.view_outputs(c.share))
+    t.word.submit(show_word, {*t.view_inputs, flt}, [t.color, *t.view_outputs(c.share)])
     t.table.select(open_in_compare, [t.rows, t.a, t.b, c.k, flt], c.open_targets(tabs))
     for out in (t.words_out, t.map_out):
         out.open(open_clicked, [t.a, t.b, c.k, flt], c.open_targets(tabs))

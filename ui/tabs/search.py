@@ -11,13 +11,12 @@ from typing import Any
 
 import gradio as gr
 
-from search import DatasetCaption, SearchError, SearchService
+from search import DatasetCaption, SearchError
 from ui import filterbar, inputs, items, widgets
 from ui.context import UIContext
 from ui.render import (
     ACTIONS_JS,
     SLICE_METRICS,
-    ThumbSrc,
     caption_list_html,
     image_grid_html,
     notice,
@@ -34,20 +33,23 @@ DIRECTIONS = [("Text → images", "t2i"), ("Image → captions", "i2t"), ("Image
 
 
 @inputs.guarded
-def search_text(service: SearchService, model: str, text: str | None, picked: DatasetCaption | None, k: Any,
-                thumbs: ThumbSrc, flt: dict | None = None, actions: tuple[str, ...] = ("similar",)) -> str:
-    """Text → images within ``flt``: a grid of thumbnails (each with ``actions``), ground truth outlined
-    when the query is a dataset caption."""
+def search_text(ctx: UIContext, model: str, text: str | None, picked: DatasetCaption | None, k: Any,
+                flt: dict | None = None) -> str:
+    """Text → images within ``flt``: a grid of thumbnails (each with the context's card actions), ground
+    truth outlined when the query is a dataset caption."""
+    service, thumbs = ctx.service, ctx.thumbs
     res = service.search_text(model, k=inputs.parse_k(k), filter=flt, **inputs.text_query(text, picked))
-    return result_html(query_html(service, model, res, thumbs), res, "t2i", image_grid_html(res, thumbs, actions=actions),
+    return result_html(query_html(service, model, res, thumbs), res, "t2i",
+                       image_grid_html(res, thumbs, actions=ctx.card_actions),
                        note=SLICE_METRICS if flt is not None and res.metrics is not None else "")
 
 
 @inputs.guarded
-def search_image(service: SearchService, model: str, image_id: Any, upload_path: str | None, k: Any,
-                 thumbs: ThumbSrc, flt: dict | None = None) -> str:
+def search_image(ctx: UIContext, model: str, image_id: Any, upload_path: str | None, k: Any,
+                 flt: dict | None = None) -> str:
     """Image → captions within ``flt``: a ranked list, ground-truth captions marked when the image is a
     dataset image."""
+    service, thumbs = ctx.service, ctx.thumbs
     q = inputs.image_query(image_id, upload_path, service.config.max_upload_bytes)
     res = service.search_image(model, k=inputs.parse_k(k), filter=flt, **q)
     return result_html(query_html(service, model, res, thumbs, q.get("image_bytes")), res, "i2t",
@@ -55,13 +57,15 @@ def search_image(service: SearchService, model: str, image_id: Any, upload_path:
 
 
 @inputs.guarded
-def search_similar(service: SearchService, model: str, image_id: Any, upload_path: str | None, k: Any,
-                   thumbs: ThumbSrc, flt: dict | None = None, actions: tuple[str, ...] = ("similar",)) -> str:
-    """Image → images within ``flt``, "more like this": a served image (it ranks first) or an upload."""
+def search_similar(ctx: UIContext, model: str, image_id: Any, upload_path: str | None, k: Any,
+                   flt: dict | None = None) -> str:
+    """Image → images within ``flt``, "more like this": a served image (it ranks first) or an upload; each
+    card with the context's card actions."""
+    service, thumbs = ctx.service, ctx.thumbs
     q = inputs.image_query(image_id, upload_path, service.config.max_upload_bytes)
     res = service.similar_images(model, k=inputs.parse_k(k), filter=flt, **q)
     return result_html(query_html(service, model, res, thumbs, q.get("image_bytes")), res, "i2i",
-                       image_grid_html(res, thumbs, actions=actions))
+                       image_grid_html(res, thumbs, actions=ctx.card_actions))
 
 
 @dataclass
@@ -95,7 +99,7 @@ def opened_similar(ctx: UIContext, t: SearchTab, tabs: gr.Tabs, data: Any, k: An
         model, iid = items.card_target(ctx, data)
     except SearchError as e:
         return {t.img_out: notice(e.detail, "error")}
-    html = search_similar(ctx.service, model, iid, None, k, ctx.thumbs, flt, ctx.card_actions)
+    html = search_similar(ctx, model, iid, None, k, flt)
     return {tabs: gr.Tabs(selected="search"), t.model: model, t.direction: "i2i", t.text_panel: gr.Column(visible=False),
             t.img_panel: gr.Row(visible=True), t.img_id: str(iid), t.upload: None, t.img_out: html}
 
@@ -154,24 +158,24 @@ def build(ctx: UIContext, bar: filterbar.FilterBar, tabs: gr.Tabs) -> SearchTab:
 
 
 def _wire_text(ctx: UIContext, t: SearchTab, bar: filterbar.FilterBar, text, picked, go, rand) -> None:
-    svc, src, acts = ctx.service, ctx.thumbs, ctx.card_actions
+    svc = ctx.service
     out, flt = t.text_out, bar.state
 
     def run_text(model, text, picked, k, flt=None):
-        return search_text(svc, model, text, picked, k, src, flt, acts)
+        return search_text(ctx, model, text, picked, k, flt)
 
     def rand_text(model, k, current, flt):
         try:
             c = inputs.random_caption(svc, model, exclude=current)
         except SearchError as e:
             return gr.skip(), gr.skip(), notice(e.detail, "error")
-        return c.text, c, search_text(svc, model, c.text, c, k, src, flt, acts)
+        return c.text, c, search_text(ctx, model, c.text, c, k, flt)
 
     def example_text(idx, examples, model, k, flt):
         if idx is None or not 0 <= idx < len(examples):
             return gr.skip(), gr.skip(), gr.skip()
         c = examples[idx]
-        return c.text, c, search_text(svc, model, c.text, c, k, src, flt, acts)
+        return c.text, c, search_text(ctx, model, c.text, c, k, flt)
 
     def rerun_text(model, text, picked, k, flt):
         return run_text(model, text, picked, k, flt) if (text or "").strip() else gr.skip()
@@ -186,13 +190,13 @@ def _wire_text(ctx: UIContext, t: SearchTab, bar: filterbar.FilterBar, text, pic
 
 
 def _wire_image(ctx: UIContext, t: SearchTab, bar: filterbar.FilterBar, img_go, shuffle_btn) -> None:
-    svc, src, acts = ctx.service, ctx.thumbs, ctx.card_actions
+    svc = ctx.service
     out, flt = t.img_out, bar.state
 
     def run_image(model, direction, image_id, upload, k, flt):
         if direction == "i2i":
-            return search_similar(svc, model, image_id, upload, k, src, flt, acts)
-        return search_image(svc, model, image_id, upload, k, src, flt)
+            return search_similar(ctx, model, image_id, upload, k, flt)
+        return search_image(ctx, model, image_id, upload, k, flt)
 
     def pick_image(ids, model, direction, k, flt, evt: gr.SelectData):
         if evt.index is None or not 0 <= evt.index < len(ids):
@@ -227,14 +231,12 @@ def _wire_image(ctx: UIContext, t: SearchTab, bar: filterbar.FilterBar, img_go, 
 def _wire_cards(ctx: UIContext, t: SearchTab, bar: filterbar.FilterBar, tabs: gr.Tabs, text, picked) -> None:
     """The cards' buttons: "more like this" (every result grid of this tab) and "remove" (when the UI
     may write: the item goes, the ranking is shown again without it, the chips are refreshed)."""
-    svc, src, acts = ctx.service, ctx.thumbs, ctx.card_actions
-
     def similar(k, flt, evt: gr.EventData):
         return opened_similar(ctx, t, tabs, getattr(evt, "_data", None), k, flt)
 
     def removed_text(model, text, picked, k, flt, chips, evt: gr.EventData):
         done = items.remove_item(ctx, getattr(evt, "_data", None))
-        again = search_text(svc, model, text, picked, k, src, flt, acts) if (text or "").strip() else ""
+        again = search_text(ctx, model, text, picked, k, flt) if (text or "").strip() else ""
         return done + again, *filterbar.filled(ctx, chips, flt)
 
     def removed_image(model, direction, image_id, k, flt, chips, evt: gr.EventData):
@@ -243,8 +245,8 @@ def _wire_cards(ctx: UIContext, t: SearchTab, bar: filterbar.FilterBar, tabs: gr
         gone = str(data.get("iid")) if isinstance(data, dict) else ""
         again = ""
         if (image_id or "").strip() and str(image_id).strip() != gone:  # the query itself is gone: nothing to show
-            again = search_similar(svc, model, image_id, None, k, src, flt, acts) if direction == "i2i" else \
-                search_image(svc, model, image_id, None, k, src, flt)
+            again = search_similar(ctx, model, image_id, None, k, flt) if direction == "i2i" else \
+                search_image(ctx, model, image_id, None, k, flt)
         return done + again, *filterbar.filled(ctx, chips, flt)
 
     for out in (t.text_out, t.img_out, *([t.add_out] if t.add_out is not None else [])):
