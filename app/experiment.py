@@ -28,7 +28,7 @@ from indexer.evaluate import load_report
 from training.config import load_config
 from training.fsio import atomic_write_text
 from training.prepare import resolve_dataset_path
-from training.progress import duration, progress
+from training.progress import duration, progress, quiet
 
 log = logging.getLogger("ltd.experiment")
 
@@ -49,12 +49,18 @@ class Job:
 
 
 def _run_job(job: Job) -> dict:
-    """Train → index (val + eval split, each eval shortcut) → eval. Runs in a worker process."""
+    """Train → index (val + eval split, each eval shortcut) → eval. Runs in a worker process, silent
+    (the grid's own counter reports the runs)."""
+    with quiet():
+        return _job_steps(job)
+
+
+def _job_steps(job: Job) -> dict:
     t0 = time.time()
     cfg = load_config(job.base, job.overrides)
-    best = ensure_trained(cfg, Path(job.run_dir), show_progress=False, nproc=job.nproc)
+    best = ensure_trained(cfg, Path(job.run_dir), nproc=job.nproc)
     ds = resolve_dataset_path(cfg.data.path, cache_dir=cfg.data.cache_dir, synthetic_images=cfg.data.synthetic_images,
-                              synthetic_seed=cfg.data.synthetic_seed, show_progress=False)
+                              synthetic_seed=cfg.data.synthetic_seed)
     out = {"cell": job.cell, "seed": job.seed, "label": job.label, "sweep_value": job.sweep_value,
            "run_dir": job.run_dir, "index_root": job.index_root, "reports": {}}
     for split in job.eval_splits:
@@ -62,9 +68,8 @@ def _run_job(job: Job) -> dict:
             if sc != "none" and cfg.data.shortcuts == "none":
                 continue  # shortcut evaluation only makes sense for runs trained with shortcuts
             tag = split if sc == "none" else f"{split}_sc-{value_tag(sc)}"
-            ix = ensure_indexed(best, ds, split, Path(job.index_root) / tag, shortcuts=sc, show_progress=False)
-            rep = ensure_evaluated(ix, relevance=job.relevance if split != cfg.data.val_split else None,
-                                   show_progress=False)
+            ix = ensure_indexed(best, ds, split, Path(job.index_root) / tag, shortcuts=sc)
+            rep = ensure_evaluated(ix, relevance=job.relevance if split != cfg.data.val_split else None)
             out["reports"][tag] = {k: rep[k] for k in REPORT_KEYS if k in rep}
     out["wall_s"] = round(time.time() - t0, 1)  # this invocation only (a resumed run is skipped)
     out["train_s"] = round(_train_seconds(Path(job.run_dir) / "metrics.jsonl"), 1)

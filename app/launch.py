@@ -31,22 +31,24 @@ from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
 from torch.distributed.run import parse_args, run
 
 from training import distributed
+from training.device import default_device
 from training.errors import Unavailable, UserValueError
 
 log = logging.getLogger("ltd.launch")
 
 
-def data_parallel_command(args: argparse.Namespace, device: str, worker_argv: list[str],
+def data_parallel_command(args: argparse.Namespace, worker_argv: list[str],
                           body: Callable[[], object]) -> tuple[int, object | None]:
-    """A training command under ``--nproc`` / torchrun. ``--nproc N``: start N processes that run
+    """A training command under ``--nproc`` / torchrun, on the process's device (``training.device``: the
+    command sets it from ``train.device``). ``--nproc N``: start N processes that run
     ``worker_argv`` and return (their exit status, None). Otherwise (alone, or one of a launcher's
     processes): join the group, run ``body()`` and return (0, its result) — the result on rank 0 only,
     the one process that reports (None on the others)."""
     if distributed.launched() and args.nproc > 1:
         raise UserValueError("--nproc starts processes itself: under torchrun, --nproc-per-node sets the count")
     if args.nproc > 1:
-        return launch_local(args.nproc, worker_argv, device=device), None
-    rank = distributed.init_from_env(device, args.dist_timeout)  # a no-op unless launched
+        return launch_local(args.nproc, worker_argv), None
+    rank = distributed.init_from_env(args.dist_timeout)  # a no-op unless launched
     try:
         result = body()
     except BaseException:
@@ -70,11 +72,12 @@ def leave_quietly() -> None:
     os._exit(0)
 
 
-def check_nproc(nproc: int, device: str) -> None:
-    """One process per GPU on CUDA; on the CPU any count (each takes a share of the cores)."""
+def check_nproc(nproc: int) -> None:
+    """One process per GPU on CUDA (the process's device: ``training.device``); on the CPU any count
+    (each takes a share of the cores)."""
     if nproc < 1:
         raise UserValueError(f"--nproc must be >= 1, got {nproc}")
-    if distributed.backend_for(device) == "nccl" and nproc > torch.cuda.device_count():
+    if distributed.backend_for(default_device()) == "nccl" and nproc > torch.cuda.device_count():
         raise Unavailable(f"--nproc {nproc} on CUDA needs {nproc} GPUs (one process per GPU); "
                           f"{torch.cuda.device_count()} visible (--set train.device=cpu trains on the CPU)")
 
@@ -108,10 +111,11 @@ def loopback_stores() -> Iterator[None]:
             m.TCPStore = old
 
 
-def launch_local(nproc: int, module_args: list[str], *, device: str = "auto") -> int:
-    """Run ``python -m app.cli <module_args>`` in ``nproc`` processes under the elastic agent; the exit
-    status is 0 when every process succeeded, else the first failed process's (1 for a signal)."""
-    check_nproc(nproc, device)
+def launch_local(nproc: int, module_args: list[str]) -> int:
+    """Run ``python -m app.cli <module_args>`` in ``nproc`` processes under the elastic agent, for the
+    process's device (``training.device``; each process sets its own from the config it is handed); the
+    exit status is 0 when every process succeeded, else the first failed process's (1 for a signal)."""
+    check_nproc(nproc)
     threads = os.environ.get("OMP_NUM_THREADS")  # the processes inherit the environment: set it for them only
     if threads is None:  # the agent would set 1; on the CPU the processes share the cores
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))

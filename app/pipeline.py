@@ -23,22 +23,25 @@ from training.captioning.loop import train_captioner
 from training.checkpoint import load_checkpoint
 from training.config import Config, dump_config
 from training.config_base import ConfigError, load_saved
+from training.device import pick_device, using_device
 from training.errors import UserFileExists
 from training.fsio import sha256_file
-from training.loop import pick_device, train
+from training.loop import train
 from training.prepare import prepare
+from training.progress import progress_enabled
 
 log = logging.getLogger(__name__)
 
 
-def train_run(cfg, out: Path, *, resume: bool = False, show_progress: bool = True):
+def train_run(cfg, out: Path, *, resume: bool = False):
     """Prepare data, build the validator from the indexer's metrics, and train. Shared by `ltd train`,
-    `ltd demo` and `ltd experiment`."""
-    data = prepare(cfg, show_progress=show_progress, device=str(pick_device(cfg.train.device)))
+    `ltd demo` and `ltd experiment`. The data are prepared on ``train.device``, as the run trains."""
+    with using_device(pick_device(cfg.train.device)):
+        data = prepare(cfg)
     val_feats = data.image_feats[[im.index for im in data.val.images]].mean(1)
     validator = make_validator(data.val, data.val_texts, val_feats, max_images=cfg.train.val_max_images,
                                transform=data.image_transform)
-    return train(cfg, out, validate=validator, resume=resume, data=data, show_progress=show_progress)
+    return train(cfg, out, validate=validator, resume=resume, data=data)
 
 
 def _state(cfg, run_dir: Path, finished: Callable[[Path], bool]) -> str:
@@ -76,31 +79,31 @@ def run_state(cfg: Config, run_dir: Path) -> str:
     return _state(cfg, run_dir, finished)
 
 
-def ensure_trained(cfg: Config, run_dir: Path, *, show_progress: bool = True, nproc: int = 1) -> Path:
+def ensure_trained(cfg: Config, run_dir: Path, *, nproc: int = 1) -> Path:
     """The run's best.pt, training or resuming only when needed (in ``nproc`` data-parallel processes)."""
     def train(resume: bool) -> None:
         if nproc > 1:
-            launch_train_run(cfg, run_dir, nproc=nproc, resume=resume, show_progress=show_progress)
+            launch_train_run(cfg, run_dir, nproc=nproc, resume=resume)
         else:
-            train_run(cfg, run_dir, resume=resume, show_progress=show_progress)
+            train_run(cfg, run_dir, resume=resume)
     return _ensure(run_state(cfg, run_dir), run_dir, "run", train)
 
 
-def launch_train_run(cfg: Config, out: Path, *, nproc: int, resume: bool = False, show_progress: bool = True) -> None:
+def launch_train_run(cfg: Config, out: Path, *, nproc: int, resume: bool = False) -> None:
     """``ltd train --nproc N`` of ``cfg`` (the config reaches the processes as a YAML file); raises when a
     process failed, after the launcher stopped the others."""
     with tempfile.TemporaryDirectory(prefix="ltd-launch-") as tmp:
         dump_config(cfg, Path(tmp) / "config.yaml")
         args = ["train", "--config", str(Path(tmp) / "config.yaml"), "--out", str(out)]
-        code = launch_local(nproc, args + ["--resume"] * resume + ["--no-progress"] * (not show_progress),
-                            device=cfg.train.device)
+        with using_device(cfg.train.device):  # what the launcher checks (each process sets its own)
+            code = launch_local(nproc, args + ["--resume"] * resume + ["--no-progress"] * (not progress_enabled()))
     if code:
         raise RuntimeError(f"training {out} in {nproc} processes failed (exit status {code}); it resumes from its "
                            "last checkpoint when run again")
 
 
 def ensure_indexed(checkpoint: Path, dataset: str | Path, split: str, index_dir: Path, *, shortcuts: str = "none",
-                   factory: str = "Flat", show_progress: bool = True) -> IndexDir:
+                   factory: str = "Flat") -> IndexDir:
     sha = sha256_file(checkpoint)
     if (index_dir / "manifest.json").is_file():
         try:
@@ -113,17 +116,17 @@ def ensure_indexed(checkpoint: Path, dataset: str | Path, split: str, index_dir:
         except IndexDirError as e:
             log.warning("rebuilding %s: %s", index_dir, e)
     return build_dataset_index(checkpoint, dataset, split, index_dir, factory=factory, shortcuts=shortcuts,
-                               overwrite=True, show_progress=show_progress)
+                               overwrite=True)
 
 
-def ensure_evaluated(ix: IndexDir, *, relevance: str | None = "rougeL", show_progress: bool = True) -> dict:
+def ensure_evaluated(ix: IndexDir, *, relevance: str | None = "rougeL") -> dict:
     rep = load_report(ix.path, ix.generation)
     if rep is not None and per_query_path(ix).is_file():
         meta = rep.get("meta", {})
         if meta.get("checkpoint_sha256") == ix.manifest.get("checkpoint_sha256") and meta.get("relevance") == (
                 "rougeL" if relevance and relevance.lower().startswith("rouge") else relevance):
             return rep
-    rep = evaluate_index(ix, relevance=relevance, show_progress=show_progress, per_query=True)
+    rep = evaluate_index(ix, relevance=relevance, per_query=True)
     write_report(ix, rep)  # moves the per-query arrays to per_query.gNNNN.npz
     return rep
 
@@ -155,14 +158,13 @@ def caption_run_state(cfg, run_dir: Path) -> str:
     return _state(cfg, run_dir, finished)
 
 
-def ensure_captioner(cfg, run_dir: Path, *, show_progress: bool = True) -> Path:
+def ensure_captioner(cfg, run_dir: Path) -> Path:
     """The captioner run's best.pt, training or resuming only when needed."""
     return _ensure(caption_run_state(cfg, run_dir), run_dir, "captioner run",
-                   lambda resume: train_captioner(cfg, run_dir, resume=resume, show_progress=show_progress))
+                   lambda resume: train_captioner(cfg, run_dir, resume=resume))
 
 
-def ensure_caption_report(checkpoint: Path, judges: dict[str, Path], out_dir: Path, *, split: str = "test",
-                          show_progress: bool = True) -> dict:
+def ensure_caption_report(checkpoint: Path, judges: dict[str, Path], out_dir: Path, *, split: str = "test") -> dict:
     """`ltd caption eval` of ``checkpoint`` with every judge in ``judges``, reused while the captioner
     and the judges are the same files."""
     want = {"checkpoint": sha256_file(checkpoint)[:16], "judges": {n: sha256_file(p)[:16] for n, p in judges.items()}}
@@ -176,7 +178,6 @@ def ensure_caption_report(checkpoint: Path, judges: dict[str, Path], out_dir: Pa
                 return rep
         except (ValueError, KeyError, TypeError) as e:
             log.warning("re-evaluating %s: %s", out_dir, e)
-    rep, captions = evaluate_captioner(checkpoint, split=split, judges={n: str(p) for n, p in judges.items()},
-                                       show_progress=show_progress)
+    rep, captions = evaluate_captioner(checkpoint, split=split, judges={n: str(p) for n, p in judges.items()})
     write_caption_report(out_dir, rep, captions)
     return rep

@@ -14,7 +14,7 @@ def tiny_checkpoint(root: Path, *, image_size: int = 224, embed_dim: int = 256) 
 
     sets = ["data.synthetic_images=60", f"model.image_size={image_size}", f"model.embed_dim={embed_dim}",
             "model.text_hidden=64", "model.head_hidden=128", "train.epochs=1", "train.batch_size=32"]
-    res = train_run(load_config("synthetic_baseline", sets), root / "run", show_progress=False)
+    res = train_run(load_config("synthetic_baseline", sets), root / "run")
     return res.run_dir / "best.pt"
 
 

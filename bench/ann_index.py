@@ -86,7 +86,7 @@ def build(xb: np.ndarray, factory: str) -> tuple[object, float]:
     from indexer.ann import build_vector_index
 
     t = time.perf_counter()
-    vi = build_vector_index(np.ascontiguousarray(xb), factory, show_progress=False)
+    vi = build_vector_index(np.ascontiguousarray(xb), factory)
     return vi, time.perf_counter() - t
 
 

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> dict:
     from training.captioning.inference import decode_regions
     from training.captioning.steps import scst_step, set_up_negatives, xe_step
     from training.captioning.xe import epoch_captions
-    from training.loop import pick_device
+    from training.device import pick_device, using_device
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="caption_flickr8k_sr_fl")
@@ -39,12 +39,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     sets = args.set + ([f"train.retrieval={args.retrieval}"] if args.retrieval else [])
     cfg = load_caption_config(args.config, sets)
-    device = pick_device(cfg.train.device)
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
-    with tempfile.TemporaryDirectory() as tmp:
-        data = prepare_captioning(cfg, show_progress=False, device=str(device))
-        run = loop.set_up(cfg, data, device, Path(tmp) / "run", show_progress=False)
+    with tempfile.TemporaryDirectory() as tmp, using_device(pick_device(cfg.train.device)):
+        data = prepare_captioning(cfg)
+        run = loop.set_up(cfg, data, Path(tmp) / "run")
         d, out = run.data, {"config": args.config, "threads": torch.get_num_threads(), "sets": args.set}
         batches = loop.epoch_batches(run, "xe", 0)
         caps = epoch_captions(d.train.image_to_captions, np.concatenate(batches), cfg.xe.captions_per_image,

@@ -50,8 +50,8 @@ def build_synthetic(root: Path, *, images: int = 600, epochs: int = 5) -> tuple[
     from training.prepare import resolve_dataset_path
 
     ckpt = tiny_checkpoint(root, image_size=224, embed_dim=256)
-    ds = resolve_dataset_path("", synthetic_images=images, show_progress=False)
-    ix = build_dataset_index(ckpt, ds, "test", root / "index", show_progress=False)
+    ds = resolve_dataset_path("", synthetic_images=images)
+    ix = build_dataset_index(ckpt, ds, "test", root / "index")
     run = root / "captioner"
     # 480 training images in steps of 10 images x 5 captions: 240 steps, enough for captions of the
     # scenes' usual length

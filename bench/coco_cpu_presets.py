@@ -108,13 +108,13 @@ def _one_epoch(cfg, out: Path) -> dict:
     from training.prepare import prepare
 
     parts = Parts()
-    data = parts.wrap("prepare", prepare)(cfg, show_progress=False)
+    data = parts.wrap("prepare", prepare)(cfg)
     val_feats = data.image_feats[[im.index for im in data.val.images]].mean(1)
     validate = parts.wrap("val", make_validator(data.val, data.val_texts, val_feats))
     saved = loop.set_up, loop.run_epoch
     loop.set_up, loop.run_epoch = parts.wrap("setup", loop.set_up), parts.wrap("epoch", loop.run_epoch)
     try:
-        loop.train(cfg, out, validate=validate, data=data, show_progress=False)
+        loop.train(cfg, out, validate=validate, data=data)
     finally:
         loop.set_up, loop.run_epoch = saved
     rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
@@ -154,7 +154,7 @@ def run(args) -> dict:
 
     bf16 = cpu_bf16_fast()
     res = {"machine": machine_line(), "date": today(), "threads": args.threads, "load1_start": load1(),
-           "image_runtime": f"{resolve_runtime('auto', torch.device('cpu'), bf16)}{' bf16' if bf16 else ''}",
+           "image_runtime": f"{resolve_runtime('auto', bf16)}{' bf16' if bf16 else ''}",
            "command": "python bench/coco_cpu_presets.py " + " ".join(args.argv)}
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         tmp = Path(tmp)
@@ -176,14 +176,14 @@ def run(args) -> dict:
         backbone = build_backbone(m.backbone, features=m.image_features, image_size=m.image_size,
                                   weights=m.backbone_weights, resize=m.resize)
         # warm-up on a few images (their own cache entry): the runtime's load and compile are fixed costs
-        image_features(cfg, replace(ds, images=ds.images[:16]), backbone, show_progress=False)
+        image_features(cfg, replace(ds, images=ds.images[:16]), backbone)
         w0, c0 = clock()
-        image_features(cfg, ds, backbone, show_progress=False)
+        image_features(cfg, ds, backbone)
         w1, c1 = clock()
         res["features"], res["images"] = {"wall": w1 - w0, "cpu": c1 - c0}, len(ds.images)
         res["load1_after_features"] = load1()
         from training.targets import load_sentence_model
-        load_sentence_model("", "cpu")  # imports sentence-transformers once: a fixed cost, not caption work
+        load_sentence_model("")  # imports sentence-transformers once: a fixed cost, not caption work
         res["presets"] = {}
         for name in PRESETS:  # each its own caption caches (as when run alone), the image features shared
             cache = tmp / f"cache_{name}"

@@ -58,12 +58,12 @@ def bench_preset(config: str, n: int, extra: tuple[str, ...] = ()) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for i, amp in enumerate(["fp32", "bf16", "fp32", "bf16"]):
             cfg = load_config(config, [*extra, f"train.cpu_amp={amp}"])
-            data = data or prepare(cfg, show_progress=False)
+            data = data or prepare(cfg)
             batches = epoch_batches(cfg.train.seed, 0, len(data.train_texts), cfg.train.batch_size)
             if i == 0:  # untimed pass: warms kernels and the allocator
-                time_steps(set_up(cfg, data, torch.device("cpu"), Path(tmp), False), data, batches, n)
+                time_steps(set_up(cfg, data, Path(tmp)), data, batches, n)
             torch.manual_seed(0)
-            dt, loss = time_steps(set_up(cfg, data, torch.device("cpu"), Path(tmp), False), data, batches, n)
+            dt, loss = time_steps(set_up(cfg, data, Path(tmp)), data, batches, n)
             res[amp].append(dt)
             res["loss"][amp] = loss
             print(f"  {amp}: {dt * 1000:.0f} ms/step, mean loss {loss:.4f}", flush=True)

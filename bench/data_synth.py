@@ -41,7 +41,7 @@ def tree_digest(root: Path) -> str:
 def timed_run(n: int, workers: int | None, tmp: Path, name: str) -> tuple[float, str, int]:
     out = tmp / name
     t0 = time.perf_counter()
-    generate_synthetic(out, n_images=n, seed=0, workers=workers, show_progress=False)
+    generate_synthetic(out, n_images=n, seed=0, workers=workers)
     secs = time.perf_counter() - t0
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     digest = tree_digest(out)

@@ -58,8 +58,10 @@ def _worker(rank: int, world: int, grouped: bool, port: int, opts: dict, out: st
     if opts["device"] == "cpu":
         torch.set_num_threads(opts["threads"])
     from training import distributed
+    from training.device import set_device
 
-    distributed.init_from_env(opts["device"], timeout_s=300)
+    set_device(opts["device"])  # this process's, as a training run's rank sets it
+    distributed.init_from_env(timeout_s=300)
     try:
         res = _time_steps(opts)
     finally:
@@ -80,11 +82,11 @@ def _time_steps(opts: dict) -> dict:
 
     rank = distributed.current()
     cfg = load_config(opts["config"], [*opts["set"], f"train.device={opts['device']}"])
-    data = prepare(cfg, show_progress=False, device=opts["device"])
+    data = prepare(cfg)
     device = torch.device("cuda", torch.cuda.current_device()) if opts["device"] == "cuda" else torch.device("cpu")
     with tempfile.TemporaryDirectory() as tmp:
-        r = set_up(cfg, data, device, Path(tmp), False)
-    r.encoders = distributed.data_parallel(StepEncoders(r.model), device)
+        r = set_up(cfg, data, Path(tmp))
+    r.encoders = distributed.data_parallel(StepEncoders(r.model))
     batches = epoch_batches(cfg.train.seed, 0, len(data.train_texts), cfg.train.batch_size, rank.world)
     losses = []
 

@@ -97,7 +97,7 @@ def make_jpegs(folder: Path, n: int, size=(640, 480), seed: int = 0) -> list[Pat
 def cnn_only(runtime: str, device: str, batch: int = 32) -> tuple[float, torch.Tensor]:
     from training.models.backbones import EfficientNetLite0
 
-    bb = EfficientNetLite0("pooled", 224)
+    bb = EfficientNetLite0("pooled", 224).to(device)  # extract runs where the backbone is
     bb.set_runtime(runtime)
     x = (torch.rand(batch, 3, 224, 224, generator=torch.Generator().manual_seed(0)) * 2 - 1).to(device)
 
@@ -111,16 +111,16 @@ def cnn_only(runtime: str, device: str, batch: int = 32) -> tuple[float, torch.T
 
 def end_to_end(runtime: str, paths: list[Path], device: str, *, workers: int | None = None,
                draft: bool = False) -> tuple[float, np.ndarray]:
+    from training.device import using_device
     from training.features import extract_features
     from training.models.backbones import EfficientNetLite0
 
-    bb = EfficientNetLite0("pooled", 224)
+    bb = EfficientNetLite0("pooled", 224).to(device)
     bb.set_runtime(runtime)
-    bb.image_runtime(torch.device(device))  # export / compile before the clock starts
-    with tempfile.TemporaryDirectory() as cache:
+    bb.image_runtime()  # export / compile before the clock starts
+    with tempfile.TemporaryDirectory() as cache, using_device(device):
         t = time.perf_counter()
-        store = extract_features(bb, paths, cache_dir=cache, show_progress=False, device=device, workers=workers,
-                                 draft=draft, batch_size=32)
+        store = extract_features(bb, paths, cache_dir=cache, workers=workers, draft=draft, batch_size=32)
         dt = time.perf_counter() - t
         feats = store.tensor()[:, 0].numpy()
     return len(paths) / dt, feats

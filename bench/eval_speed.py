@@ -136,9 +136,9 @@ def bench_rouge(sample: int) -> list[str] | None:
 
     queries = [c for g in groups for c in g]
     n_pairs = len(queries) * sum(len(g) for g in groups)
-    t_max, m = _timed(lambda: rouge_l_matrix(queries, groups, aggregate="max", show_progress=False))
-    t_mean, _ = _timed(lambda: rouge_l_matrix(queries, groups, aggregate="mean", show_progress=False))
-    t_tern, _ = _timed(lambda: rouge_l_matrix(queries, groups, aggregate="tern", show_progress=False))
+    t_max, m = _timed(lambda: rouge_l_matrix(queries, groups, aggregate="max"))
+    t_mean, _ = _timed(lambda: rouge_l_matrix(queries, groups, aggregate="mean"))
+    t_tern, _ = _timed(lambda: rouge_l_matrix(queries, groups, aggregate="tern"))
     scorer = rouge_scorer.RougeScorer(["rougeL"])
     rnd = random.Random(0)
     cells = [(rnd.randrange(len(queries)), rnd.randrange(len(groups))) for _ in range(sample)]

@@ -101,8 +101,8 @@ def split_usage(models: list[str]) -> dict:
         ea, eb = svc.registry.get(a), svc.registry.get(b)
         load0 = _machine.load1()
         t0, c0 = time.perf_counter(), time.process_time()
-        ta = occlude_split(ea.index, svc.explainer.encode_variants(ea), show_progress=True)
-        tb = occlude_split(eb.index, svc.explainer.encode_variants(eb), show_progress=True)
+        ta = occlude_split(ea.index, svc.explainer.encode_variants(ea))
+        tb = occlude_split(eb.index, svc.explainer.encode_variants(eb))
         u = compare_usage(ea.index, eb.index, ta, tb, names=(a, b))
         fresh, fresh_cpu = time.perf_counter() - t0, time.process_time() - c0
         load1 = _machine.load1()
@@ -161,9 +161,9 @@ def build_synthetic(root: Path) -> list[str]:
     for name, preset in (("bl", "synthetic_baseline"), ("ltd", "synthetic_ltd")):
         cfg = load_config(preset, ["data.synthetic_images=600", "model.embed_dim=1024", "model.text_hidden=256",
                                    "train.epochs=2"])
-        res = train_run(cfg, root / "runs" / name, show_progress=False)
+        res = train_run(cfg, root / "runs" / name)
         ds = resolve_dataset_path("", synthetic_images=600)
-        ix = build_dataset_index(res.run_dir / "best.pt", ds, "test", root / name, show_progress=False)
+        ix = build_dataset_index(res.run_dir / "best.pt", ds, "test", root / name)
         out.append(f"{name}={ix.path}")
     return out
 

@@ -103,6 +103,7 @@ def time_steps(r, batches, n: int, images) -> tuple[float, list[float]]:
 
 def bench_recipe(name: str, overrides: list[str], steps: int, cpu_steps: int, base: list[str]) -> dict:
     from training.config import load_config
+    from training.device import using_device
     from training.loop import epoch_batches, set_up, unfreeze_backbone_if_due
     from training.prepare import prepare
 
@@ -115,7 +116,8 @@ def bench_recipe(name: str, overrides: list[str], steps: int, cpu_steps: int, ba
             cfg = load_config(preset, [*base, *extra, *overrides, *sets])
             if data is None:
                 t = time.perf_counter()
-                data = prepare(cfg, show_progress=False, device=GPU)
+                with using_device(GPU):
+                    data = prepare(cfg)
                 res["prepare_s"] = time.perf_counter() - t
                 # the model shares the loaded backbone; end to end trains it: each run starts from these
                 bb_state = {k: v.detach().cpu().clone() for k, v in data.backbone.state_dict().items()} \
@@ -132,7 +134,8 @@ def bench_recipe(name: str, overrides: list[str], steps: int, cpu_steps: int, ba
                 torch.manual_seed(0)
                 if bb_state is not None:
                     data.backbone.load_state_dict(bb_state)
-                r = set_up(cfg, data, torch.device(dev), Path(tmp), False)
+                with using_device(dev):
+                    r = set_up(cfg, data, Path(tmp))
                 unfreeze_backbone_if_due(r, 0)
                 runs.append(time_steps(r, batches, n, images))
                 del r
@@ -148,28 +151,30 @@ def whole_run(base: list[str], work: Path) -> dict:
     from indexer.embed import embed_captions
     from training.checkpoint import model_from_checkpoint
     from training.config import load_config
+    from training.device import using_device
     from training.loop import train
 
     res = {}
     run = work / "whole_run"
     cfg = load_config("synthetic_ltd", [*base, f"train.device={GPU}", "train.amp=true", "train.epochs=2"])
     t = time.perf_counter()
-    r1 = train(cfg, run, show_progress=False)
+    r1 = train(cfg, run)
     res["two_epochs_s"] = time.perf_counter() - t
     cfg3 = load_config("synthetic_ltd", [*base, f"train.device={GPU}", "train.amp=true", "train.epochs=3"])
     t = time.perf_counter()
-    r2 = train(cfg3, run, resume=True, show_progress=False)
+    r2 = train(cfg3, run, resume=True)
     res["resume_to_3_s"] = time.perf_counter() - t
     rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
     res["epochs_logged"] = [r["epoch"] for r in rows if r.get("type") == "epoch"]
     res["finite_losses"] = all(np.isfinite(r["loss"]) for r in rows if r.get("type") == "step")
     res["last_lambda"] = next((r["lambda"] for r in reversed(rows) if "lambda" in r), None)
-    m_gpu, _, _ = model_from_checkpoint(run / "checkpoint.pt", device=GPU)
-    m_cpu, _, _ = model_from_checkpoint(run / "checkpoint.pt", device="cpu")
+    with using_device(GPU):
+        m_gpu, _, _ = model_from_checkpoint(run / "checkpoint.pt")
+    m_cpu, _, _ = model_from_checkpoint(run / "checkpoint.pt")  # the CPU: the process's default
     texts = ["a red circle left of a blue square", "two green triangles", "a small yellow star above a cross"]
     a, b = embed_captions(m_gpu, texts), embed_captions(m_cpu, texts)
     res["cpu_vs_cuda_caption_cosine_min"] = float((a * b).sum(1).min())
-    res["best_pt_loads_on_cpu"] = bool(model_from_checkpoint(run / "best.pt", device="cpu")[0] is not None)
+    res["best_pt_loads_on_cpu"] = bool(model_from_checkpoint(run / "best.pt")[0] is not None)
     res["epochs"] = [r1.epochs, r2.epochs]
     res["judge"] = str(run / "best.pt")
     return res
@@ -180,14 +185,16 @@ def profile_step(base: list[str], steps: int = 10) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     from training.config import load_config
+    from training.device import using_device
     from training.loop import epoch_batches, set_up, train_step
     from training.prepare import prepare
 
     cfg = load_config("flickr8k_ltd", [*base, "train.amp=false"])
-    data = prepare(cfg, show_progress=False, device=GPU)
+    with using_device(GPU):
+        data = prepare(cfg)
     batches = epoch_batches(cfg.train.seed, 0, len(data.train_texts), cfg.train.batch_size)
-    with tempfile.TemporaryDirectory() as tmp:
-        r = set_up(cfg, data, torch.device(GPU), Path(tmp), False)
+    with tempfile.TemporaryDirectory() as tmp, using_device(GPU):
+        r = set_up(cfg, data, Path(tmp))
         for s in range(3):
             train_step(r, batches[s % len(batches)], torch.Generator().manual_seed(s), None)
         sync(GPU)

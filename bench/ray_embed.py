@@ -41,13 +41,11 @@ def cluster_start_stop() -> float:
 
 def runtime_label() -> str:
     """The image runtime that `ltd index` runs here, with its precision as the feature cache keys it."""
-    import torch
-
     from training.models.backbones import cpu_features_in_bf16
     from training.models.runtimes import feature_dtype, requested_runtime, resolve_runtime
 
     bf16 = cpu_features_in_bf16()
-    name = resolve_runtime(requested_runtime(), torch.device("cpu"), bf16)
+    name = resolve_runtime(requested_runtime(), bf16)
     return name + (", bf16" if feature_dtype(name, bf16) != "float32" else "")
 
 
@@ -65,7 +63,7 @@ def run(args) -> dict:
         imgs = tmp / "images"
         make_jpegs(imgs, args.images)
         caps = captions_file(tmp / "captions.txt", 5 * args.images)
-        build_corpus_index(ckpt, tmp / "warm", images_dir=imgs, captions_file=caps, show_progress=False)  # exports, caches
+        build_corpus_index(ckpt, tmp / "warm", images_dir=imgs, captions_file=caps)  # exports, caches
         ref = None
         # local runs on both sides of the 1-worker Ray run: on a shared VM the same local run varied by
         # 14 % within minutes, so the overhead is taken against the two that bracket it
@@ -74,7 +72,7 @@ def run(args) -> dict:
             load = load1()
             t = time.perf_counter()
             ix = build_corpus_index(ckpt, tmp / label.replace(" ", "_").replace(",", ""), images_dir=imgs,
-                                    captions_file=caps, show_progress=False, ray=ray)
+                                    captions_file=caps, ray=ray)
             wall = time.perf_counter() - t
             vecs = np.asarray(ix.images.vectors)
             ref = vecs if ref is None else ref

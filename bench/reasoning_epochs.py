@@ -44,11 +44,11 @@ def time_preset(config: str, epochs: int) -> dict:
     from training.prepare import prepare
 
     cfg = load_config(config, [f"train.epochs={epochs}"])
-    data = prepare(cfg, show_progress=False)  # caches (grid features, targets) outside the timing
+    data = prepare(cfg)  # caches (grid features, targets) outside the timing
     del data
     with tempfile.TemporaryDirectory() as tmp:
         before, t = load1(), time.perf_counter()
-        train_run(cfg, Path(tmp) / "run", show_progress=False)
+        train_run(cfg, Path(tmp) / "run")
         wall, after = time.perf_counter() - t, load1()
         rows = [json.loads(ln) for ln in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
     ep = [r for r in rows if r["type"] == "epoch"]

@@ -40,9 +40,9 @@ def run(args) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             os.environ["LTD_CACHE_DIR"] = str(Path(tmp) / "cache")
             load, t = load1(), time.perf_counter()
-            ix = build_dataset_index(args.checkpoint, data, "test", Path(tmp) / "ix", show_progress=False, runtime=rt)
+            ix = build_dataset_index(args.checkpoint, data, "test", Path(tmp) / "ix", runtime=rt)
             wall = time.perf_counter() - t
-            rep = evaluate_index(ix, relevance=None, show_progress=False)
+            rep = evaluate_index(ix, relevance=None)
             vecs = np.asarray(ix.images.vectors).copy()
         ref = vecs if ref is None else ref
         row = {"runtime": rt, "wall_s": wall, "load1": load, **{k: rep[k] for k in KEYS},

@@ -82,7 +82,7 @@ def bench_backbone(n_images: int, data_dir: str | None) -> dict:
         paths = sorted((Path(data_dir) / "images").glob("*.jpg"))[:n_images]
         with tempfile.TemporaryDirectory() as cache:
             t = time.perf_counter()
-            extract_features(bb, paths, cache_dir=cache, show_progress=False)
+            extract_features(bb, paths, cache_dir=cache)
             out["end_to_end_img_s"] = len(paths) / (time.perf_counter() - t)
             out["end_to_end_images"] = len(paths)
     return out
@@ -117,10 +117,10 @@ def bench_epoch(config: str, data_dir: str, sets: list[str]) -> dict:
     os.environ["LTD_DATA_DIR"] = data_dir
     cfg = load_config(config, ["train.epochs=1", *sets])
     with tempfile.TemporaryDirectory() as tmp:
-        train_run(cfg, Path(tmp) / "run", show_progress=False)  # warm caches (features, targets) and kernels
+        train_run(cfg, Path(tmp) / "run")  # warm caches (features, targets) and kernels
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
-        train_run(cfg, Path(tmp) / "run", show_progress=False)
+        train_run(cfg, Path(tmp) / "run")
         total = time.perf_counter() - t
         rows = [json.loads(ln) for ln in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
     epoch = next(r for r in rows if r["type"] == "epoch")

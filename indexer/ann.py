@@ -66,15 +66,14 @@ def plan_for(factory: str, n: int, d: int) -> IndexPlan:
     return IndexPlan(factory)
 
 
-def build_vector_index(vectors: np.ndarray, factory: str = "Flat", *, seed: int = 0,
-                       show_progress: bool = False) -> VectorIndex:
+def build_vector_index(vectors: np.ndarray, factory: str = "Flat", *, seed: int = 0) -> VectorIndex:
     """The search index over ``vectors`` that ``factory`` names (module doc)."""
     vectors = np.asarray(vectors, dtype=np.float32)
     if vectors.ndim != 2:
         raise IndexDirError(f"expected (n, d) vectors, got shape {vectors.shape}")
     target = parse_auto(factory)
     if target is not None and len(vectors):
-        return tune_index(vectors, target, seed=seed, show_progress=show_progress)
+        return tune_index(vectors, target, seed=seed)
     plan = plan_for("Flat" if target is not None else factory, len(vectors), vectors.shape[1])
     return VectorIndex.build(vectors, plan.factory, train_size=plan.train_size, seed=seed, nprobe=plan.nprobe,
                              rerank=plan.rerank)

@@ -63,11 +63,12 @@ class LoadedModel:
     meta: dict
 
 
-def load_model(checkpoint: str | Path, device: str = "cpu", runtime: str | None = None) -> LoadedModel:
-    """A checkpoint's model; ``runtime`` runs its frozen image backbone (``training/models/runtimes.py``)."""
+def load_model(checkpoint: str | Path, runtime: str | None = None) -> LoadedModel:
+    """A checkpoint's model, on the process's device (``training.device``); ``runtime`` runs its frozen image
+    backbone (``training/models/runtimes.py``)."""
     checkpoint = Path(checkpoint).resolve()
     ckpt = load_checkpoint(checkpoint)
-    model, _, cfg = model_from_checkpoint(ckpt, device)
+    model, _, cfg = model_from_checkpoint(ckpt)
     if runtime and hasattr(model.image.backbone, "set_runtime"):
         model.image.backbone.set_runtime(runtime)
     if model.similarity != "cosine":
@@ -105,13 +106,13 @@ def _checkpoint_fields(lm: LoadedModel, out: str | Path) -> dict:
             "checkpoint_sha256": lm.sha256}
 
 
-def _dataset_image_features(lm: LoadedModel, ds, idx: list[int], transform, transform_id: str,
-                            show_progress: bool) -> tuple[torch.Tensor, dict[int, str]]:
+def _dataset_image_features(lm: LoadedModel, ds, idx: list[int], transform,
+                            transform_id: str) -> tuple[torch.Tensor, dict[int, str]]:
     """Backbone features (views averaged) of dataset images ``idx``; reuses the training cache over the
     whole dataset when it is complete, otherwise extracts only these images."""
     m = lm.cfg.model
     if m.backbone == "precomputed":  # the file's features, or its regions for a region encoder
-        store, _ = read_precomputed(m, ds, cache_dir=lm.cfg.data.cache_dir, show_progress=show_progress)
+        store, _ = read_precomputed(m, ds, cache_dir=lm.cfg.data.cache_dir)
         return store.mean_view(idx), {}
     bb = lm.model.image.backbone
     all_paths = [im.path for im in ds.images]
@@ -123,7 +124,7 @@ def _dataset_image_features(lm: LoadedModel, ds, idx: list[int], transform, tran
     sub_transform = None if transform is None else (lambda k, v: transform(idx[k], v))
     store = extract_features(bb, [all_paths[i] for i in idx], cache_dir=lm.cfg.data.cache_dir, n_views=m.crops,
                              transform=sub_transform, transform_id=f"{transform_id}|subset" if transform_id else "",
-                             show_progress=show_progress, device=str(lm.model.device), workers=0 if transform else None)
+                             workers=0 if transform else None)
     return store.mean_view(), dict(store.failed)
 
 
@@ -162,14 +163,14 @@ def split_images_meta(ds, kept_imgs: list, c2i: list[int]) -> dict:
 
 def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str, out: str | Path, *,
                         factory: str = "Flat", images_root: str | None = None, shortcuts: str = "none",
-                        overwrite: bool = False, show_progress: bool = True, device: str = "cpu",
-                        name: str | None = None, runtime: str | None = None, ray=None, columns: str = "") -> IndexDir:
+                        overwrite: bool = False, name: str | None = None, runtime: str | None = None, ray=None,
+                        columns: str = "") -> IndexDir:
     """Index a split of a dataset in any format (``training/data/formats.py``; ground truth: its captions).
     ``ray``: a ``ray_engine.RayOptions``; ``columns``: a table's column roles."""
     check_target(Path(out), overwrite)
     ds = read_dataset(dataset, images_root=images_root, drop_missing=True, columns=columns)
     ds.split(split)  # an unknown split fails here, before the model loads
-    lm = load_model(checkpoint, device, runtime)
+    lm = load_model(checkpoint, runtime)
     sp, roots, outside = _confined_split(ds.split(split))
     sc = apply_shortcuts(shortcuts, ds, seed=lm.cfg.train.seed, evaluation=True)
     idx = [im.index for im in sp.images]
@@ -177,19 +178,19 @@ def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str,
     if ray is not None:
         if sc.image_transform is not None:
             raise IndexDirError("--engine ray does not evaluate shortcuts; use the local engine")
-        img_vecs, failed, txt_vecs = ray_embed_fn(lm, ray, device, runtime, show_progress)(
+        img_vecs, failed, txt_vecs = ray_embed_fn(lm, ray, runtime)(
             [im.path for im in sp.images], texts)
         keep = [k for k in range(len(idx)) if k not in failed]
     elif lm.model.image.frozen and (lm.model.image.backbone is None or lm.model.image.backbone.cache_inference):
-        feats, failed = _dataset_image_features(lm, ds, idx, sc.image_transform, sc.transform_id, show_progress)
+        feats, failed = _dataset_image_features(lm, ds, idx, sc.image_transform, sc.transform_id)
         keep = [k for k in range(len(idx)) if k not in failed]
         img_vecs = embed_image_features(lm.model, feats[keep])
     else:  # from the files: a backbone being trained, or one whose embeddings must not pass through float16
-        img_vecs, failed = embed_image_files(lm.model, [im.path for im in sp.images], show_progress=show_progress,
+        img_vecs, failed = embed_image_files(lm.model, [im.path for im in sp.images],
                                              transform=sc.image_transform, image_ids=idx)
         keep = [k for k in range(len(idx)) if k not in failed]
     if ray is None:
-        txt_vecs = embed_captions(lm.model, texts, show_progress=show_progress)
+        txt_vecs = embed_captions(lm.model, texts)
     pos = {old: new for new, old in enumerate(keep)}
     c2i = [pos.get(int(i), -1) for i in sp.caption_to_image]
     kept_imgs = [sp.images[k] for k in keep]
@@ -216,22 +217,21 @@ def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str,
 EmbedFn = Callable[[list[Path], list[str]], tuple[np.ndarray, dict[int, str], np.ndarray]]
 
 
-def local_embed_fn(lm: LoadedModel, show_progress: bool) -> EmbedFn:
+def local_embed_fn(lm: LoadedModel) -> EmbedFn:
     """Images and captions embedded in this process (decoding in worker processes)."""
     def run(paths: list[Path], texts: list[str]):
-        img, failed = (embed_image_files(lm.model, paths, show_progress=show_progress) if paths
+        img, failed = (embed_image_files(lm.model, paths) if paths
                        else (np.zeros((0, lm.model.image.embed_dim), np.float32), {}))
-        txt = (embed_captions(lm.model, texts, show_progress=show_progress) if texts
+        txt = (embed_captions(lm.model, texts) if texts
                else np.zeros((0, lm.model.text.out_dim), np.float32))
         return img, failed, txt
     return run
 
 
-def ray_embed_fn(lm: LoadedModel, opts, device: str, runtime: str | None, show_progress: bool) -> EmbedFn:
+def ray_embed_fn(lm: LoadedModel, opts, runtime: str | None) -> EmbedFn:
     """Images and captions embedded by a Ray actor pool (``indexer/ray_engine.py``), in one run."""
     def run(paths: list[Path], texts: list[str]):
-        return ray_embed(lm.checkpoint, lm.sha256, paths, texts, lm.model.image.embed_dim, opts, device=device,
-                         runtime=runtime, show_progress=show_progress)
+        return ray_embed(lm.checkpoint, lm.sha256, paths, texts, lm.model.image.embed_dim, opts, runtime=runtime)
     return run
 
 
@@ -294,14 +294,13 @@ def _corpus_items(lm: LoadedModel, images_dir: str | Path | None, captions_file:
 
 def build_corpus_index(checkpoint: str | Path, out: str | Path, *, images_dir: str | Path | None = None,
                        captions_file: str | Path | None = None, factory: str = "Flat", overwrite: bool = False,
-                       show_progress: bool = True, device: str = "cpu", name: str | None = None,
-                       runtime: str | None = None, ray=None) -> IndexDir:
+                       name: str | None = None, runtime: str | None = None, ray=None) -> IndexDir:
     """Index a folder of images and/or a file of captions (no ground truth). ``ray``: a
     ``ray_engine.RayOptions`` to embed on a Ray cluster instead of in this process."""
     check_corpus_inputs(images_dir, captions_file)
     check_target(Path(out), overwrite)
-    lm = load_model(checkpoint, device, runtime)
-    embed = ray_embed_fn(lm, ray, device, runtime, show_progress) if ray else local_embed_fn(lm, show_progress)
+    lm = load_model(checkpoint, runtime)
+    embed = ray_embed_fn(lm, ray, runtime) if ray else local_embed_fn(lm)
     img_vecs, images_meta, txt_vecs, captions_meta, skipped = _corpus_items(lm, images_dir, captions_file, 0, 0, embed)
     def vindex(v):  # an empty side cannot train IVF/PQ; it stays an (empty) exact index
         return build_vector_index(v, factory if len(v) else "Flat")
@@ -319,10 +318,10 @@ def build_corpus_index(checkpoint: str | Path, out: str | Path, *, images_dir: s
 
 
 def append_corpus(index_dir: str | Path, checkpoint: str | Path, *, images_dir=None, captions_file=None,
-                  show_progress: bool = True, device: str = "cpu", runtime: str | None = None) -> IndexDir:
+                  runtime: str | None = None) -> IndexDir:
     """Add a folder's images and/or a file's captions to a corpus index; what is already there is skipped."""
     check_corpus_inputs(images_dir, captions_file)
-    lm = load_model(checkpoint, device, runtime)
+    lm = load_model(checkpoint, runtime)
     ix = open_for_append(index_dir, checkpoint_sha256=lm.sha256)
     if ix.has_ground_truth:
         raise IndexDirError(f"{index_dir} indexes a dataset split; --append adds to corpus indexes only")
@@ -332,7 +331,7 @@ def append_corpus(index_dir: str | Path, checkpoint: str | Path, *, images_dir=N
     known_images = {d for d in ix.images.meta.get("sha256", []) if d}
     known_images |= {s["sha256"] for s in ix.manifest.get("skipped", []) if s.get("sha256")}
     img_vecs, images_meta, txt_vecs, captions_meta, skipped = _corpus_items(
-        lm, images_dir, captions_file, next_img, next_cap, local_embed_fn(lm, show_progress), known_images=known_images,
+        lm, images_dir, captions_file, next_img, next_cap, local_embed_fn(lm), known_images=known_images,
         known_texts=set(ix.captions.meta.get("texts", [])))
     if not len(img_vecs) and not len(txt_vecs) and not skipped:
         log.info("%s: nothing new to add", index_dir)

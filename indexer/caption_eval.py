@@ -42,7 +42,7 @@ def dataset_of(ckpt: dict, dataset: str | None, cache_dir: str = "") -> Dataset:
 
 def evaluate_captioner(checkpoint: str | Path, *, dataset: str | None = None, split: str = "test",
                        retrieval: str | Path | None = None, beam: int = 5, meteor: bool | None = None,
-                       max_images: int = 0, cache_dir: str = "", show_progress: bool = True,
+                       max_images: int = 0, cache_dir: str = "",
                        judges: dict[str, str | Path] | None = None, allow_unk: bool = False
                        ) -> tuple[dict, list[dict]]:
     """(report, captions [{image_id, filename, caption, references}]) for one split.
@@ -55,11 +55,11 @@ def evaluate_captioner(checkpoint: str | Path, *, dataset: str | None = None, sp
     model, vocab, ccfg = captioner_from_checkpoint(ckpt)
     ds = dataset_of(ckpt, dataset, cache_dir)
     sp = ds.split(split)
-    store = grid_store(ds, ccfg.data.image_size, cache_dir or ccfg.data.cache_dir, show_progress=show_progress)
+    store = grid_store(ds, ccfg.data.image_size, cache_dir or ccfg.data.cache_dir)
     keep = [i for i, im in enumerate(sp.images) if im.index not in store.failed][: max_images or None]
     rows = np.array([sp.images[i].index for i in keep], dtype=np.int64)
     t0 = time.time()
-    caps = caption_rows(model, vocab, rows, lambda r: regions(store, r), beam=beam, show_progress=show_progress,
+    caps = caption_rows(model, vocab, rows, lambda r: regions(store, r), beam=beam,
                         desc=f"{split} captions (beam {beam})", allow_unk=allow_unk)
     gen_seconds = time.time() - t0
     per_image = sp.image_to_captions
@@ -75,7 +75,7 @@ def evaluate_captioner(checkpoint: str | Path, *, dataset: str | None = None, sp
     def judged(path: str | Path) -> dict:
         key = Path(path).resolve()
         if key not in scored:
-            judge = load_judge(path, ds, vocab.words, cache_dir=cache_dir, show_progress=show_progress)
+            judge = load_judge(path, ds, vocab.words, cache_dir=cache_dir)
             sims = judge.similarities(judge.model.embed_texts(caps), torch.as_tensor(rows)).numpy()  # (captions, images)
             scored[key] = {k: round(v, 2) for k, v in self_retrieval(sims.T).items()}
         return dict(scored[key])

@@ -15,6 +15,7 @@ from indexer.evaluate import ground_truth, similarities
 from indexer.index import IndexDir, IndexDirError
 from indexer.metrics import MetricsSpec, query_metrics
 from indexer.relevance import rouge_relevance
+from training.progress import quiet
 
 FIELDS = ["direction", "query_index", "query_id", "query", "a_rank", "b_rank", "a_p@k", "b_p@k", "a_ndcg", "b_ndcg",
           "rank_log2_ratio", "winner", "disagreement"]
@@ -43,7 +44,8 @@ def compare_indexes(a: IndexDir, b: IndexDir, *, relevance: bool | np.ndarray = 
     if isinstance(relevance, np.ndarray):
         rel = relevance
     else:
-        rel = rouge_relevance(a, show_progress=False) if relevance else None
+        with quiet():
+            rel = rouge_relevance(a) if relevance else None
     cap_rows = np.flatnonzero(mask)
     spec = MetricsSpec(p_at=p_at, ndcg_k=ndcg_k)
     per: dict[str, dict[str, dict[str, np.ndarray]]] = {}

@@ -13,27 +13,26 @@ import numpy as np
 import torch
 
 from training.data.decode_pool import ImageTransform, RenumberedTransform
-from training.data.gpu_decode import image_batches, to_device
+from training.data.gpu_decode import image_batches
 from training.data.members import image_sources
+from training.device import to_device
 from training.losses import similarity_fn
 from training.models.dual_encoder import DualEncoder, NoImageBackbone
-from training.models.text_encoder import move_batch
 from training.progress import progress, progress_iter
 
 log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def embed_captions(model: DualEncoder, texts: Sequence[str], *, batch_size: int = 512,
-                   show_progress: bool = False) -> np.ndarray:
+def embed_captions(model: DualEncoder, texts: Sequence[str], *, batch_size: int = 512) -> np.ndarray:
     """(n, E) float32 normalised caption embeddings."""
     model.eval()
     if hasattr(model.text, "embed_corpus"):  # a frozen sentence encoder: the whole corpus through the disk cache
-        model.text.embed_corpus(texts, show_progress=show_progress)
+        model.text.embed_corpus(texts)
     out = []
     for i in progress_iter(range(0, len(texts), batch_size), desc="caption embeddings", unit="batch",
-                           disable=not show_progress or len(texts) <= batch_size):
-        batch = move_batch(model.text.prepare(list(texts[i : i + batch_size])), model.device)
+                           disable=len(texts) <= batch_size):
+        batch = to_device(model.text.prepare(list(texts[i : i + batch_size])), model.device)
         out.append(model.encode_text(batch).float().cpu().numpy())
     return np.concatenate(out) if out else np.zeros((0, model.text.out_dim), np.float32)
 
@@ -49,11 +48,11 @@ def embed_image_features(model: DualEncoder, feats: torch.Tensor, *, batch_size:
 
 @torch.no_grad()
 def embed_image_files(model: DualEncoder, paths: Sequence[str | Path], *, batch_size: int = 32,
-                      show_progress: bool = False, workers: int | None = None, draft: bool = False,
-                      transform: ImageTransform | None = None,
+                      workers: int | None = None, draft: bool = False, transform: ImageTransform | None = None,
                       image_ids: Sequence[int] | None = None) -> tuple[np.ndarray, dict[int, str]]:
     """Encode image files through the backbone, decoding in worker processes while the CNN runs
-    (``decode_pool``), or on the GPU with the model there (``gpu_decode``). Unreadable files are
+    (``decode_pool``), or on the GPU when the process computes there, as its models do (``gpu_decode``,
+    ``training.device``). Unreadable files are
     skipped and returned as ``{position: reason}``; the embedding array has one row per readable
     file, in order. ``transform`` (synthetic shortcuts)
     draws on every view, keyed by the files' dataset indices ``image_ids``."""
@@ -66,10 +65,9 @@ def embed_image_files(model: DualEncoder, paths: Sequence[str | Path], *, batch_
     paths = image_sources(paths)
     if transform is not None:
         transform = RenumberedTransform(transform, image_ids if image_ids is not None else range(len(paths)))
-    with progress(len(paths), desc="image embeddings", unit="img", disable=not show_progress) as bar:
-        for idx, x, bad in image_batches(paths, range(len(paths)), enc.backbone.preprocess, device=model.device,
-                                         n_views=v, batch_size=batch_size * v, workers=workers, draft=draft,
-                                         transform=transform):
+    with progress(len(paths), desc="image embeddings", unit="img") as bar:
+        for idx, x, bad in image_batches(paths, range(len(paths)), enc.backbone.preprocess, n_views=v,
+                                         batch_size=batch_size * v, workers=workers, draft=draft, transform=transform):
             for j, err in bad:
                 failed[j] = err
                 log.warning("skipped: %s", err)

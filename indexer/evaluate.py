@@ -59,8 +59,8 @@ def retuned_recalls(ix: IndexDir) -> dict:
 
 
 def evaluate_index(ix: IndexDir, *, relevance: str | None = "rougeL", cxc: bool = False, ndcg_k: int = 25,
-                   show_progress: bool = True, per_query: bool = False, eccv: bool = False,
-                   protocols: tuple[str, ...] = (), pm_dir: str | Path | None = None) -> dict:
+                   per_query: bool = False, eccv: bool = False, protocols: tuple[str, ...] = (),
+                   pm_dir: str | Path | None = None) -> dict:
     """The report of an index; ``per_query`` adds the per-query arrays under ``report["per_query"]``
     (ranks and nDCG, in query order; ``write_report`` moves them to ``per_query.gNNNN.npz``).
     ``cxc`` / ``eccv``: COCO 5k test positives from CxC / ECCV Caption (ECCV: its queries only).
@@ -76,7 +76,7 @@ def evaluate_index(ix: IndexDir, *, relevance: str | None = "rougeL", cxc: bool 
     rel, rel_name = None, None
     if relevance:
         if relevance.lower() in ("rougel", "rouge-l", "rouge"):
-            rel, rel_name = rouge_relevance(ix, show_progress), "rougeL"
+            rel, rel_name = rouge_relevance(ix), "rougeL"
         else:
             rel = file_relevance(relevance, len(ix.captions.ids), len(ix.images.ids))
             rel_name = Path(relevance).stem.split(".")[0]

@@ -47,7 +47,7 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def prepare(model: DualEncoder, store: ItemStore, inputs: list[ItemInput], *, root: Path | None = None,
-            show_progress: bool = False, workers: int | None = 0) -> tuple[list[NewImage], dict[int, str]]:
+            workers: int | None = 0) -> tuple[list[NewImage], dict[int, str]]:
     """Embed ``inputs`` (and their captions) into store rows: (rows for the readable ones, in order;
     {input position: why it was skipped}). Uploads are written under ``items/`` first."""
     paths, digests = [], []
@@ -60,7 +60,7 @@ def prepare(model: DualEncoder, store: ItemStore, inputs: list[ItemInput], *, ro
             digest = sha256_file(path)
         paths.append(path)
         digests.append(digest)
-    vectors, failed = embed_image_files(model, paths, show_progress=show_progress, workers=workers)
+    vectors, failed = embed_image_files(model, paths, workers=workers)
     ok = [k for k in range(len(inputs)) if k not in failed]
     texts = [t for k in ok for t in inputs[k].captions]
     cap_vecs = embed_captions(model, texts) if texts else None
@@ -78,7 +78,7 @@ def prepare(model: DualEncoder, store: ItemStore, inputs: list[ItemInput], *, ro
 
 
 def append_living(index_dir: str | Path, checkpoint: str | Path, *, images_dir: str | Path | None = None,
-                  captions_file: str | Path | None = None, show_progress: bool = True) -> dict:
+                  captions_file: str | Path | None = None) -> dict:
     """``ltd index --append`` on a living index: the folder's new images (and a file's captions, as
     captions of no image) go into its item store, as ``ltd items add`` would add them; what is already
     there (by content, or the same caption text) is skipped."""
@@ -90,8 +90,7 @@ def append_living(index_dir: str | Path, checkpoint: str | Path, *, images_dir: 
     try:
         root = Path(images_dir).resolve() if images_dir else None
         files = [p for p in image_files(root) if p.resolve().is_relative_to(root)] if root else []
-        rows, failed = prepare(lm.model, store, [ItemInput(path=p) for p in files], root=root,
-                               show_progress=show_progress, workers=None)
+        rows, failed = prepare(lm.model, store, [ItemInput(path=p) for p in files], root=root, workers=None)
         seq, ids = store.add(rows) if rows else (store.last_seq(), [])
         texts = read_captions_file(Path(captions_file)) if captions_file else []
         known = store.caption_texts()

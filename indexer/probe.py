@@ -58,25 +58,24 @@ def probe(x_fit: np.ndarray, y_fit: np.ndarray, x_eval: np.ndarray, y_eval: np.n
             "n_fit": int(len(x_fit)), "n_eval": int(len(x_eval))}
 
 
-def index_targets(ix, target_model: str = "", cache_dir: str = "", show_progress: bool = False
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def index_targets(ix, target_model: str = "", cache_dir: str = "") -> tuple[np.ndarray, np.ndarray]:
     """(caption targets, image targets) of an index built from a dataset split: the sentence encoder's
     embedding of every caption as indexed, and per image the mean of its captions' targets."""
     if not ix.has_ground_truth:
         raise UserValueError(f"{ix.path}: a probe needs an index of a dataset split (captions linked to their images)")
     texts = ix.captions.meta["texts"]
-    cap_t = compute_targets(texts, target_model, cache_dir=cache_dir, show_progress=show_progress)
+    cap_t = compute_targets(texts, target_model, cache_dir=cache_dir)
     img_t = np.stack([cap_t[list(links)].mean(axis=0) for links in ix.images.meta["captions"]])
     return cap_t, img_t
 
 
-def probe_indexes(fit_dir: str | Path, eval_dir: str | Path, target_model: str = "", cache_dir: str = "",
-                  show_progress: bool = False) -> dict:
+def probe_indexes(fit_dir: str | Path, eval_dir: str | Path, target_model: str = "", cache_dir: str = "") -> dict:
     """Caption-side and image-side probes fitted on ``fit_dir``'s embeddings, scored on ``eval_dir``'s."""
     fit, ev = load_index_dir(fit_dir), load_index_dir(eval_dir)
     if fit.manifest.get("checkpoint_sha256") != ev.manifest.get("checkpoint_sha256"):
         raise UserValueError(f"{fit_dir} and {eval_dir} were built by different checkpoints: a probe reads one model")
-    (fc, fi), (ec, ei) = (index_targets(i, target_model, cache_dir, show_progress) for i in (fit, ev))
+    (fc, fi), (ec, ei) = (index_targets(i, target_model, cache_dir)
+ for i in (fit, ev))
     out = {"captions": probe(np.asarray(fit.captions.vectors), fc, np.asarray(ev.captions.vectors), ec),
            "images": probe(np.asarray(fit.images.vectors), fi, np.asarray(ev.images.vectors), ei)}
     out["fit"], out["eval"] = str(fit.path), str(ev.path)

@@ -48,43 +48,59 @@ class RayOptions:
         return CAPTION_SHARD_FACTOR * self.shard_size
 
 
+@dataclass(frozen=True)
+class ActorSetup:
+    """What each embedding actor starts from. ``device`` is the driver's device setting when the run was
+    submitted (``training.device``): the actor's process takes it as its own."""
+
+    checkpoint: str
+    folder: str  # the shard folder
+    device: str
+    runtime: str | None
+    threads: int  # torch threads of the actor
+
+
 class _Embedder:
     """One Ray actor: the model loaded once, then one shard per call."""
 
-    def __init__(self, checkpoint: str, folder: str, device: str, runtime: str | None, threads: int):
+    def __init__(self, setup: ActorSetup):
         started = time.time()  # wall clock: the driver compares it with its own (exact on one machine)
         # lazy: in the actor, so the start-up time it reports includes loading torch and the model code
         import torch
 
         from indexer.build import load_model
+        from training.device import set_device
 
-        torch.set_num_threads(threads)
-        self.lm = load_model(checkpoint, device, runtime)
-        self.threads = threads  # sizes the decoder pool: actors sharing a node must not each take all its cores
-        self.folder = Path(folder)
+        torch.set_num_threads(setup.threads)
+        set_device(setup.device)  # this process computes where the driver asked
+        self.lm = load_model(setup.checkpoint, setup.runtime)
+        self.threads = setup.threads  # sizes the decoder pool: actors sharing a node must not each take all its cores
+        self.folder = Path(setup.folder)
         self.init = (started, time.time())  # reported with the actor's first shard, then NaN
 
     def __call__(self, batch: dict) -> dict:
         # lazy: this module stays torch-free where it is unpickled (see __init__)
         from indexer.embed import embed_captions, embed_image_files
         from training.data.decode_pool import default_workers
+        from training.progress import quiet
 
         t0 = time.perf_counter()
         names, counts = [], []
-        for kind, index, start, stop, items in zip(batch["kind"], batch["index"], batch["start"], batch["stop"],
-                                                   batch["items"]):
-            shard = sh.Shard(str(kind), int(index), int(start), int(stop))
-            items = [str(x) for x in items]
-            positions = np.arange(shard.start, shard.stop)
-            if shard.kind == "images":
-                decoders = default_workers(len(items), 32, self.threads)
-                vecs, failed = embed_image_files(self.lm.model, items, workers=decoders)
-                ok = np.array([p for k, p in enumerate(positions) if k not in failed], np.int64)
-                sh.write_shard(self.folder, shard, ok, vecs, {int(positions[k]): r for k, r in failed.items()})
-            else:
-                sh.write_shard(self.folder, shard, positions, embed_captions(self.lm.model, items))
-            names.append(shard.name)
-            counts.append(len(items))
+        with quiet():  # one actor's shards, silent as before: the driver counts them all
+            for kind, index, start, stop, items in zip(batch["kind"], batch["index"], batch["start"], batch["stop"],
+                                                       batch["items"]):
+                shard = sh.Shard(str(kind), int(index), int(start), int(stop))
+                items = [str(x) for x in items]
+                positions = np.arange(shard.start, shard.stop)
+                if shard.kind == "images":
+                    decoders = default_workers(len(items), 32, self.threads)
+                    vecs, failed = embed_image_files(self.lm.model, items, workers=decoders)
+                    ok = np.array([p for k, p in enumerate(positions) if k not in failed], np.int64)
+                    sh.write_shard(self.folder, shard, ok, vecs, {int(positions[k]): r for k, r in failed.items()})
+                else:
+                    sh.write_shard(self.folder, shard, positions, embed_captions(self.lm.model, items))
+                names.append(shard.name)
+                counts.append(len(items))
         init, self.init = self.init, (float("nan"), float("nan"))
         pad = [float("nan")] * (len(names) - 1)
         return {"name": np.array(names), "n": np.array(counts), "init_start": np.array([init[0], *pad]),
@@ -136,11 +152,13 @@ def quiet_ray_data() -> None:
 
 
 def _run(todo: list[sh.Shard], items: dict[str, list[str]], folder: Path, checkpoint: Path, opts: RayOptions,
-         device: str, runtime: str | None, show_progress: bool) -> None:
+         runtime: str | None) -> None:
     try:  # lazy: optional extra (.[ray]); its absence is reported
         import ray
     except ImportError:
         raise Unavailable("--engine ray needs Ray: pip install 'ltd-retrieval[ray]'") from None
+    from training.device import default_device  # lazy: the module stays torch-free (see _Embedder)
+
     cores = os.cpu_count() or 1
     threads = opts.threads or (max(1, cores // opts.workers) if opts.address is None else 1)
     t_start = time.time()
@@ -150,13 +168,11 @@ def _run(todo: list[sh.Shard], items: dict[str, list[str]], folder: Path, checkp
         rows = [{"kind": s.kind, "index": s.index, "start": s.start, "stop": s.stop,
                  "items": items[s.kind][s.start : s.stop]} for s in todo]
         ds = ray.data.from_items(rows, override_num_blocks=len(rows))
+        setup = ActorSetup(str(checkpoint), str(folder), default_device(), runtime, threads)
         out = ds.map_batches(_Embedder, batch_size=1, compute=ray.data.ActorPoolStrategy(size=opts.workers),
-                             num_cpus=threads,
-                             fn_constructor_kwargs={"checkpoint": str(checkpoint), "folder": str(folder),
-                                                    "device": device, "runtime": runtime, "threads": threads})
+                             num_cpus=threads, fn_constructor_kwargs={"setup": setup})
         total = sum(s.stop - s.start for s in todo)
-        with progress(total, desc=f"embedding on Ray ({opts.workers} workers)", unit="item",
-                      disable=not show_progress) as bar:
+        with progress(total, desc=f"embedding on Ray ({opts.workers} workers)", unit="item") as bar:
             rows = []
             for row in out.iter_rows():
                 bar.update(int(row["n"]))
@@ -172,9 +188,9 @@ def _run(todo: list[sh.Shard], items: dict[str, list[str]], folder: Path, checkp
 
 
 def ray_embed(checkpoint: str | Path, checkpoint_sha256: str, image_paths: list[Path], texts: list[str], dim: int,
-              opts: RayOptions, *, device: str = "cpu", runtime: str | None = None,
-              show_progress: bool = True) -> tuple[np.ndarray, dict[int, str], np.ndarray]:
-    """(image vectors of the readable images in order, {position: reason} of the others, caption vectors)."""
+              opts: RayOptions, *, runtime: str | None = None) -> tuple[np.ndarray, dict[int, str], np.ndarray]:
+    """(image vectors of the readable images in order, {position: reason} of the others, caption vectors),
+    embedded on the process's device (``training.device``), which the actors take as theirs."""
     items = {"images": [str(Path(p).resolve()) for p in image_paths], "captions": list(texts)}
     plan = {"checkpoint_sha256": checkpoint_sha256, "shard_size": opts.shard_size,
             "caption_shard_size": opts.caption_shard_size, "runtime": runtime or "",
@@ -187,7 +203,7 @@ def ray_embed(checkpoint: str | Path, checkpoint_sha256: str, image_paths: list[
     if finished:
         log.info("resuming from %s: %d of %d shards already embedded", folder, len(finished), len(shards))
     if todo:
-        _run(todo, items, folder, Path(checkpoint), opts, device, runtime, show_progress)
+        _run(todo, items, folder, Path(checkpoint), opts, runtime)
     missing = [s.name for s in shards if not (folder / s.name).is_file()]
     if missing:
         raise Unavailable(f"the Ray run finished without shards {', '.join(missing[:3])}…; run the command again")

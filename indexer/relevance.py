@@ -17,7 +17,7 @@ from training.fsio import save_npy_atomic
 log = logging.getLogger(__name__)
 
 
-def rouge_relevance(ix: IndexDir, show_progress: bool = True) -> np.ndarray:
+def rouge_relevance(ix: IndexDir) -> np.ndarray:
     """(n_captions, n_images) ROUGE-L of each query caption against each image's reference captions,
     computed exactly as TERN does (coco-caption's ROUGE-L: best precision and best recall over the
     references, F-beta 1.2), so nDCG is comparable with published numbers; cached in the index."""
@@ -29,7 +29,7 @@ def rouge_relevance(ix: IndexDir, show_progress: bool = True) -> np.ndarray:
             return rel
     texts = ix.captions.meta["texts"]
     refs = [[texts[j] for j in caps] for caps in ix.images.meta["captions"]]
-    rel = rouge_l_matrix(texts, refs, aggregate="tern", show_progress=show_progress).astype(np.float32)
+    rel = rouge_l_matrix(texts, refs, aggregate="tern").astype(np.float32)
     save_npy_atomic(cache, rel)
     return rel
 

@@ -79,7 +79,7 @@ def _lcs_multi_word(table: np.ndarray, ref_ids: np.ndarray, ref_len: np.ndarray)
 
 
 def _lcs_chunks(
-    q_ids: Sequence[np.ndarray], r_ids: Sequence[np.ndarray], vocab_size: int, show_progress: bool
+    q_ids: Sequence[np.ndarray], r_ids: Sequence[np.ndarray], vocab_size: int
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Yield (query indices, LCS lengths int32 (len(indices), n_refs)) chunk by chunk.
 
@@ -102,7 +102,7 @@ def _lcs_chunks(
         chunk = max(1, _QUERY_CHUNK // int(w))
         jobs += [(int(w), members[i : i + chunk]) for i in range(0, members.size, chunk)]
     n_blocks = -(-n_r // _REF_BLOCK)
-    with progress(len(jobs) * n_blocks, desc="ROUGE-L", unit="block", disable=not show_progress) as bar:
+    with progress(len(jobs) * n_blocks, desc="ROUGE-L", unit="block") as bar:
         for w, qs in jobs:
             table = _match_table([q_ids[i] for i in qs], w, vocab_size)
             low = np.array([_low_bits(q_len[i], w) for i in qs], dtype=np.uint64).T  # (w, n_qs)
@@ -149,7 +149,6 @@ def rouge_l_matrix(
     references: Sequence[Sequence[str]],
     *,
     aggregate: str = "max",
-    show_progress: bool = True,
 ) -> np.ndarray:
     """ROUGE-L of every query caption against every group of reference captions.
 
@@ -166,7 +165,7 @@ def rouge_l_matrix(
         - ``"tern"``: TERN's exact numbers: coco-caption's ``Rouge`` (lowercase, split on single
           spaces, precision and recall each maximised over the references *separately*, then
           F-beta with beta = 1.2).
-    show_progress: a progress bar over (query chunk, reference block) pairs.
+    A progress counter runs over (query chunk, reference block) pairs (``training.progress``).
 
     Returns
     -------
@@ -188,7 +187,7 @@ def rouge_l_matrix(
     q_len = np.array([len(t) for t in q_tok], dtype=np.int64)
     r_len = np.array([len(t) for t in r_tok], dtype=np.int64)
     out = np.zeros((len(queries), len(references)), dtype=np.float32)
-    for qs, lcs in _lcs_chunks(_ids(q_tok, vocab), _ids(r_tok, vocab), len(vocab), show_progress):
+    for qs, lcs in _lcs_chunks(_ids(q_tok, vocab), _ids(r_tok, vocab), len(vocab)):
         for i in range(0, qs.size, _AGG_ROWS):  # float64 temporaries of _AGG_ROWS x n_refs
             rows = qs[i : i + _AGG_ROWS]
             out[rows] = _aggregate(lcs[i : i + _AGG_ROWS], q_len[rows], r_len, sizes, aggregate)

@@ -12,6 +12,7 @@ from training.data.decode_pool import ImageTransform
 from training.data.karpathy import Split
 from training.errors import Unavailable
 from training.models.dual_encoder import DualEncoder
+from training.progress import quiet
 
 
 def make_validator(split: Split, texts: list[str], image_feats: torch.Tensor | None, max_images: int = 0,
@@ -26,13 +27,14 @@ def make_validator(split: Split, texts: list[str], image_feats: torch.Tensor | N
     paths, ids = [im.path for im in split.images[:n_img]], [im.index for im in split.images[:n_img]]
 
     def validate(model: DualEncoder) -> dict:
-        txt = embed_captions(model, texts)
-        if model.image.frozen and image_feats is not None:
-            img = embed_image_features(model, image_feats[:n_img])
-        else:
-            img, failed = embed_image_files(model, paths, transform=transform, image_ids=ids)
-            if failed:
-                raise Unavailable(f"validation images unreadable: {list(failed.values())[:3]}")
+        with quiet():  # between epochs: the epoch's log line reports it
+            txt = embed_captions(model, texts)
+            if model.image.frozen and image_feats is not None:
+                img = embed_image_features(model, image_feats[:n_img])
+            else:
+                img, failed = embed_image_files(model, paths, transform=transform, image_ids=ids)
+                if failed:
+                    raise Unavailable(f"validation images unreadable: {list(failed.values())[:3]}")
         m = retrieval_metrics(similarity_matrix(model, img, txt), c2i)
         return {k: float(v) for k, v in m.items() if isinstance(v, (int, float, np.floating, np.integer))}
 

@@ -242,7 +242,7 @@ def _refusal(points: list[Point], cands: list[Candidate], t: Target) -> NoIndexM
         f"{p.ci[0]:.4f}–{p.ci[1]:.4f}), {mb(p.resident_bytes)}{ms}; lower the recall or allow more memory or time")
 
 
-def tune_index(vectors: np.ndarray, target: Target = Target(), *, seed: int = 0, show_progress: bool = False,
+def tune_index(vectors: np.ndarray, target: Target = Target(), *, seed: int = 0,
                small: int = SMALL) -> VectorIndex:
     """The fastest index over ``vectors`` that meets ``target`` (module doc); its ``tuning`` holds the record."""
     t_start = time.perf_counter()
@@ -263,7 +263,7 @@ def tune_index(vectors: np.ndarray, target: Target = Target(), *, seed: int = 0,
     h = _holdout(vectors, target, seed)
     log.info("tuning an index for %s vectors × %d to %s on %d held-out queries", f"{n:,}", d, target.describe(),
              len(h.q_ids))
-    builder = Builder(h, seed=seed, show_progress=show_progress)
+    builder = Builder(h, seed=seed)
     builder.seconds["exact top-k of the held-out queries"] = time.perf_counter() - t_start
     best, best_index, points, fastest = None, None, [], {}
     for c in fitting:

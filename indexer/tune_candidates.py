@@ -183,9 +183,9 @@ def reranked_ids(cand: np.ndarray, vectors: np.ndarray, queries: np.ndarray, k: 
 
 
 # ---- building --------------------------------------------------------------------------------------
-def _add(index: faiss.Index, h: Holdout, ids: np.ndarray, desc: str, show: bool) -> None:
+def _add(index: faiss.Index, h: Holdout, ids: np.ndarray, desc: str) -> None:
     """Add the rows ``ids`` with their row numbers as ids, ``ADD_BATCH`` at a time."""
-    with progress(total=len(ids), desc=desc, unit="vec", disable=not show) as bar:
+    with progress(total=len(ids), desc=desc, unit="vec") as bar:
         for a in range(0, len(ids), ADD_BATCH):
             part = ids[a:a + ADD_BATCH]
             index.add_with_ids(np.ascontiguousarray(h.vectors[part], np.float32), part.astype(np.int64))
@@ -195,8 +195,8 @@ def _add(index: faiss.Index, h: Holdout, ids: np.ndarray, desc: str, show: bool)
 class Builder:
     """Builds the candidates of one corpus, training the shared coarse quantizer once."""
 
-    def __init__(self, h: Holdout, *, seed: int = 0, show_progress: bool = False):
-        self.h, self.seed, self.show = h, seed, show_progress
+    def __init__(self, h: Holdout, *, seed: int = 0):
+        self.h, self.seed = h, seed
         self.d = h.vectors.shape[1]
         self.nlist = nlist_for(len(h.vectors))
         rng = np.random.default_rng(seed)
@@ -228,12 +228,12 @@ class Builder:
 
     def _flat(self, c: Candidate) -> faiss.Index:
         index = faiss.IndexIDMap(faiss.IndexFlatIP(self.d))
-        _add(index, self.h, self.h.base_ids, f"{c.factory}: add", self.show)
+        _add(index, self.h, self.h.base_ids, f"{c.factory}: add")
         return index
 
     def _hnsw(self) -> faiss.Index:
         index = faiss.IndexIDMap(faiss.IndexHNSWFlat(self.d, HNSW_M, faiss.METRIC_INNER_PRODUCT))
-        _add(index, self.h, self.h.base_ids, f"HNSW{HNSW_M}: add", self.show)
+        _add(index, self.h, self.h.base_ids, f"HNSW{HNSW_M}: add")
         return index
 
     def _ivf(self, c: Candidate) -> faiss.Index:
@@ -260,7 +260,7 @@ class Builder:
         ivf.train(sample)  # the quantizer already holds nlist centroids: only the codes are trained here
         index = faiss.IndexPreTransform(opq, ivf) if opq is not None else ivf
         self.seconds[f"{c.factory}: train"] = time.perf_counter() - t
-        _add(index, self.h, self.h.base_ids, f"{c.factory}: add", self.show)
+        _add(index, self.h, self.h.base_ids, f"{c.factory}: add")
         return index
 
 

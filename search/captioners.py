@@ -47,9 +47,9 @@ class CaptionerEntry:
 class CaptionerRegistry:
     """The served captioners by name; a broken one is recorded in ``failed`` with the reason."""
 
-    def __init__(self, specs: dict[str, str | Path] | None = None, device: str = "cpu"):
+    def __init__(self, specs: dict[str, str | Path] | None = None):
+        """``specs``: name → caption checkpoint, loaded on the process's device (``training.device``)."""
         self.specs = {n: Path(p) for n, p in (specs or {}).items()}
-        self.device = device
         self.entries: dict[str, CaptionerEntry] = {}
         self.failed: dict[str, str] = {}
         self._backbones: dict[int, torch.nn.Module] = {}
@@ -76,7 +76,7 @@ class CaptionerRegistry:
 
     def _load_one(self, name: str, path: Path) -> CaptionerEntry:
         ckpt = load_caption_checkpoint(path)
-        model, vocab, cfg = captioner_from_checkpoint(ckpt, self.device)
+        model, vocab, cfg = captioner_from_checkpoint(ckpt)
         size = cfg.data.image_size
         if size not in self._backbones:
             self._backbones[size] = EfficientNetLite0("grid", image_size=size).eval()

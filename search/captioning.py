@@ -38,7 +38,7 @@ class CaptionService:
 
     def __init__(self, search: SearchService, captioners: dict[str, str | Path] | None = None):
         self.search = search
-        self.captioners = CaptionerRegistry(captioners, search.config.device)
+        self.captioners = CaptionerRegistry(captioners)
         self._ciders: dict[str, CorpusCider] = {}
         if self.captioners.specs:
             search.registry.load_with_models(self.captioners.load)

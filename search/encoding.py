@@ -19,7 +19,8 @@ import torch
 
 from search.errors import BadRequest, NotReady
 from search.registry import ModelEntry
-from training.models.text_encoder import SBERTTextEncoder, move_batch
+from training.device import to_device
+from training.models.text_encoder import SBERTTextEncoder
 from training.models.text_runtimes import SentenceRuntime
 
 log = logging.getLogger(__name__)
@@ -211,7 +212,7 @@ class QueryEncoder:
         """(n, E) normalised embeddings of ``texts`` (no cache, no batcher)."""
         enc = self._encoders.get(entry.name, entry.model.text)
         with torch.inference_mode():
-            batch = move_batch(enc.prepare(texts), entry.model.device)
+            batch = to_device(enc.prepare(texts), entry.model.device)
             return enc(batch).float().cpu().numpy()
 
     def encode(self, entry: ModelEntry, text: str) -> np.ndarray:

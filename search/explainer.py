@@ -104,16 +104,16 @@ class Explainer:
                          max_words=self.max_words)
 
     # ---- whole split ----------------------------------------------------------------------------
-    def occlusion(self, name: str, show_progress: bool = False) -> dict:
+    def occlusion(self, name: str) -> dict:
         """Model ``name``'s split-wide occlusion table (search/word_usage.py), once per process and index."""
         e = self._get(name)
         base = base_index(e)
         with self._lock("occ:" + name):
             if self._tables.get(name, (None,))[0] is not base:  # first call, or a compaction's new generation
-                self._tables[name] = (base, occlusion_table(base, self.encode_variants(e), show_progress=show_progress))
+                self._tables[name] = (base, occlusion_table(base, self.encode_variants(e)))
             return self._tables[name][1]
 
-    def word_usage(self, a: str, b: str, *, min_count: int = 5, show_progress: bool = False) -> WordUsage:
+    def word_usage(self, a: str, b: str, *, min_count: int = 5) -> WordUsage:
         """The words ``b`` uses and ``a`` ignores (and the reverse) over the split both index, from each
         model's occlusion table (computed once per index generation, cached next to the index: minutes on
         a CPU for a large split). After writes: the occurrences of captions both models still serve, with
@@ -124,7 +124,7 @@ class Explainer:
         if a == b:
             raise BadRequest("word usage compares two different models")
         ea, eb = self._get(a), self._get(b)
-        ta, tb = self.occlusion(a, show_progress), self.occlusion(b, show_progress)
+        ta, tb = self.occlusion(a), self.occlusion(b)
         try:
             return compare_usage(base_index(ea), base_index(eb), ta, tb, names=(a, b), min_count=max(1, int(min_count)),
                                  keep=served_base_captions(ea, eb))

@@ -102,22 +102,23 @@ class ModelEntry:
         return pos
 
 
-def warm_up(backbone, device: str | torch.device = "cpu") -> None:
-    """Run the image backbone once, before any request thread does. Its runtime is built on the first
+def warm_up(backbone) -> None:
+    """Run the image backbone once, where it is, before any request thread does. Its runtime is built on the first
     call (an OpenVINO compile: seconds) and, with OpenVINO, the first calls from several threads at
     once can deadlock inside its bindings with the GIL held (pybind11's one-time numpy set-up): 8
     concurrent uploads to a fresh server hung it for good, /api/health included (measured)."""
     size = backbone.preprocess.size
     with torch.no_grad():
-        backbone.extract(torch.zeros(1, 3, size, size, device=device))
+        backbone.extract(torch.zeros(1, 3, size, size, device=backbone.device))
 
 
-def load_entry(name: str, path: Path, *, checkpoint: Path | None = None, device: str = "cpu",
-               verify: str = "hash", images_roots: tuple[str, ...] = (), writable: bool = False,
-               model: DualEncoder | None = None, shards=None) -> ModelEntry:
+def load_entry(name: str, path: Path, *, checkpoint: Path | None = None, verify: str = "hash",
+               images_roots: tuple[str, ...] = (), writable: bool = False, model: DualEncoder | None = None,
+               shards=None) -> ModelEntry:
     """Load one model: the index directory ``path`` (verified against its manifest: ``verify`` = hash
     or counts), then the checkpoint that built it (``checkpoint`` when it moved), checked by sha256
-    before it is unpickled (``weights_only``), in eval mode on ``device`` — or ``model``, the already
+    before it is unpickled (``weights_only``), in eval mode on the process's device (``training.device``:
+    the service sets it from its config) — or ``model``, the already
     loaded model of this checkpoint (a reload of the same index). Image files are served only from the
     manifest's folders that ``images_roots`` (or, without it, the record ``ltd index`` made) allows; the
     index is served living (search/live.py), its item store created when ``writable``. A sharded index's
@@ -137,11 +138,11 @@ def load_entry(name: str, path: Path, *, checkpoint: Path | None = None, device:
         ix = load_index_dir(path, checkpoint_sha256=sha, verify=verify, mmap=True)  # IVF lists mapped, not read
     ix.confine(allowed_roots(path, ix.image_roots, images_roots))  # not wider than the operator allowed
     if model is None:
-        lm = load_model(ckpt, device)
+        lm = load_model(ckpt)
         model = lm.model
         model.eval()  # once: encoding calls the submodules directly, from many threads
         if model.image.backbone is not None:
-            warm_up(model.image.backbone, device)
+            warm_up(model.image.backbone)
     run_dir = ckpt.parent if (ckpt.parent / "metrics.jsonl").is_file() else None
     live = LiveIndex.open(ix, writable=writable)
     return bind(ModelEntry(name=name, index=ix, model=model, checkpoint=ckpt, sha256=sha,
@@ -175,13 +176,13 @@ class ModelRegistry:
     """The served models by name; ``on_loaded(entry)`` runs once per model after it loads."""
 
     def __init__(self, models: dict[str, str | Path], *, checkpoints: dict[str, str | Path] | None = None,
-                 device: str = "cpu", verify: str = "hash", on_loaded: Callable[[ModelEntry], None] | None = None,
+                 verify: str = "hash", on_loaded: Callable[[ModelEntry], None] | None = None,
                  images_roots: tuple[str, ...] = (), writable: bool = False):
         if not models:
             raise UserValueError("no models given: pass at least one NAME=INDEX_DIR")
         self.specs = {n: Path(p) for n, p in models.items()}
         self.checkpoints = {n: Path(p) for n, p in (checkpoints or {}).items()}
-        self.device, self.verify, self.on_loaded = device, verify, on_loaded
+        self.verify, self.on_loaded = verify, on_loaded
         self.images_roots = tuple(images_roots)  # the operator's --images-root folders (none: the record)
         self.writable = writable  # item stores are created, and writes allowed (`ltd serve --writable`)
         self.shard_engine = None  # what searches sharded indexes' shards (None: this process; `--engine ray`)
@@ -240,8 +241,8 @@ class ModelRegistry:
         self.ready.set()
 
     def _load_one(self, name: str, model: DualEncoder | None = None) -> ModelEntry:
-        return load_entry(name, self.specs[name], checkpoint=self.checkpoints.get(name), device=self.device,
-                          verify=self.verify, images_roots=self.images_roots, writable=self.writable, model=model,
+        return load_entry(name, self.specs[name], checkpoint=self.checkpoints.get(name), verify=self.verify,
+                          images_roots=self.images_roots, writable=self.writable, model=model,
                           shards=self.shard_engine)
 
     @property

@@ -36,6 +36,7 @@ from search.writes import ItemWrites
 from training.choices import TextRuntime, VerifyIndex
 from training.config_base import Section
 from training.data.members import ImageMember
+from training.device import set_device
 from training.packaged_models import saw_caption_corpora
 
 # Largest searched side (vectors × dimensions) that ``search_text_async`` ranks on the event loop: FAISS took
@@ -48,6 +49,8 @@ class SearchConfig(Section):
     """Limits and tuning of the service. The REST settings (app/api/settings.py) inherit these fields,
     so each is declared once and can be set from the flags or the ``LTD_*`` environment."""
 
+    # The device the models compute on: the service makes it its process's (training.device), so the models,
+    # captioners and query batches load and run there.
     device: str = "cpu"
     # The request limits, here once: the REST API validates against them (its OpenAPI document shows
     # them) and the UI enforces them (app/api/schemas.py, ui/context.py).
@@ -120,11 +123,12 @@ class SearchService(QueryMixin):
     def __init__(self, models: dict[str, str | Path], *, checkpoints: dict[str, str | Path] | None = None,
                  config: SearchConfig | None = None):
         self.config = config = config or SearchConfig()
+        set_device(config.device)  # where the registries load the models (training.device)
         self.encoder = QueryEncoder(cache_size=config.text_cache, batching=config.text_batching,
                                     max_batch=config.max_text_batch, quantize=config.text_quantize,
                                     runtime=config.text_runtime, runtime_threads=config.text_runtime_threads)
-        self.registry = ModelRegistry(models, checkpoints=checkpoints, device=config.device,
-                                      verify=config.verify_index, on_loaded=self.encoder.attach,
+        self.registry = ModelRegistry(models, checkpoints=checkpoints, verify=config.verify_index,
+                                      on_loaded=self.encoder.attach,
                                       images_roots=tuple(config.images_roots), writable=config.writable)
         self.masks = MaskCache()
         self.writes = ItemWrites(self, ingest_roots=tuple(config.ingest_roots), compact_after=config.compact_after)

@@ -33,6 +33,7 @@ from search.analysis import plain_ids
 from search.attribution import WordSpan, inner, occlusion_variants, ranks_of, without
 from search.derived import cached_arrays
 from search.errors import BadRequest
+from training.progress import progress_enabled
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,7 @@ def _captions(ix: IndexDir) -> list[tuple[int, str, list[WordSpan]]]:
     return out
 
 
-def occlude_split(ix: IndexDir, encode: VariantEncoder, *, captions_per_batch: int = 256,
-                  show_progress: bool = False) -> dict[str, np.ndarray]:
+def occlude_split(ix: IndexDir, encode: VariantEncoder, *, captions_per_batch: int = 256) -> dict[str, np.ndarray]:
     """One row per (caption, word) occurrence: ``FIELDS`` as arrays (``rank`` is the full caption's)."""
     caps = _captions(ix)
     keys = [(row, k, w.text.lower()) for row, _, ws in caps for k, w in enumerate(ws)]
@@ -79,7 +79,7 @@ def occlude_split(ix: IndexDir, encode: VariantEncoder, *, captions_per_batch: i
     rank = np.empty(len(keys), dtype=np.int64)
     at = 0
     starts = range(0, len(caps), captions_per_batch)
-    for s in tqdm(starts, desc=f"occluding {ix.name}", unit="batch", disable=not show_progress):
+    for s in tqdm(starts, desc=f"occluding {ix.name}", unit="batch", disable=not progress_enabled()):
         chunk = caps[s:s + captions_per_batch]
         sl = slice(at, at + sum(len(ws) for _, _, ws in chunk))
         sims = inner(encode([t for _, t, _ in chunk], [ws for _, _, ws in chunk]), img_vecs)
@@ -106,12 +106,12 @@ def _full_captions(ix: IndexDir, img_vecs: np.ndarray, image_of: np.ndarray, row
     return own, rank
 
 
-def occlusion_table(ix: IndexDir, encode: VariantEncoder, *, show_progress: bool = False) -> dict[str, np.ndarray]:
+def occlusion_table(ix: IndexDir, encode: VariantEncoder) -> dict[str, np.ndarray]:
     """``occlude_split`` of the index, computed once and cached in the index folder."""
     if not ix.has_ground_truth:
         raise BadRequest(f"{ix.name} is a corpus index (no caption ↔ image links): word usage needs a dataset split")
     return cached_arrays(ix, "word_occlusion", OCCLUSION_VERSION,
-                         lambda: occlude_split(ix, encode, show_progress=show_progress))
+                         lambda: occlude_split(ix, encode))
 
 
 # ---- two models ----------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ def judge(out: Path) -> Path:
 
     path = out.parent / "judge" / "best.pt"
     if not path.exists():
-        train_run(tiny_config("none"), path.parent, show_progress=False)
+        train_run(tiny_config("none"), path.parent)
     return path
 
 
@@ -92,15 +92,15 @@ def run_all(out: Path) -> None:
         if kill is not None:
             restore = kill_after(kill)
             try:
-                train_captioner(cfg, run, show_progress=False)
+                train_captioner(cfg, run)
                 raise AssertionError(f"{name}: the kill never fired")
             except Killed:
                 pass
             finally:
                 restore()
-            train_captioner(cfg, run, resume=True, show_progress=False)
+            train_captioner(cfg, run, resume=True)
         else:
-            train_captioner(cfg, run, show_progress=False)
+            train_captioner(cfg, run)
         result[name] = fingerprint_run(run)
         print(f"{name}: {time.time() - t:.1f}s, {len(result[name]['metrics'])} rows", flush=True)
     out.write_text(json.dumps(result, indent=1, sort_keys=True))

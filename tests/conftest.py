@@ -162,10 +162,10 @@ def tiny_index_pair(tmp_path_factory):
     out = {"runs": {}}
     for name, mode in (("bl", "none"), ("ltd", "constraint")):
         cfg = tiny_config(mode)
-        res = train_run(cfg, root / "runs" / name, show_progress=False)
+        res = train_run(cfg, root / "runs" / name)
         ds = resolve_dataset_path("", synthetic_images=60)
-        ix = build_dataset_index(res.run_dir / "best.pt", ds, "test", root / "indexes" / name, show_progress=False)
-        write_report(ix, evaluate_index(ix, show_progress=False))
+        ix = build_dataset_index(res.run_dir / "best.pt", ds, "test", root / "indexes" / name)
+        write_report(ix, evaluate_index(ix))
         out[name], out["dataset"] = ix.path, ds
         out["runs"][name] = res.run_dir
     return out

@@ -165,7 +165,7 @@ def test_per_query_results_reproduce_the_report(tiny_index_pair):
     from indexer.index import load_index_dir
 
     ix = load_index_dir(tiny_index_pair["bl"])
-    rep = evaluate_index(ix, show_progress=False, per_query=True)
+    rep = evaluate_index(ix, per_query=True)
     pq = rep["per_query"]
     i2t, t2i = recall_points(pq["i2t_first_rank"]).mean(), recall_points(pq["t2i_first_rank"]).mean()
     assert i2t + t2i == pytest.approx(rep["rsum"], abs=1e-3)
@@ -188,7 +188,7 @@ def test_an_evaluation_record_without_its_index_still_bootstraps(tiny_index_pair
     from indexer.index import load_index_dir
 
     ix = load_index_dir(tiny_index_pair["bl"])
-    write_report(ix, evaluate_index(ix, show_progress=False, per_query=True))
+    write_report(ix, evaluate_index(ix, per_query=True))
     record = tmp_path / "record"
     record.mkdir()
     for p in ix.path.glob("per_query.*.npz"):

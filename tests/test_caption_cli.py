@@ -29,7 +29,7 @@ def judge(tmp_path_factory):
     """A tiny retrieval model: the frozen self-retrieval judge."""
     from app.pipeline import train_run
 
-    res = train_run(tiny_config("none"), tmp_path_factory.mktemp("judge") / "run", show_progress=False)
+    res = train_run(tiny_config("none"), tmp_path_factory.mktemp("judge") / "run")
     return res.run_dir / "best.pt"
 
 
@@ -125,7 +125,7 @@ def test_resume_gives_the_same_next_steps(judge, tmp_path, monkeypatch, baseline
 
     cfg = lambda: load_caption_config("caption_synthetic_sr_pl", TINY_CAP + [  # noqa: E731
         f"train.retrieval={judge}", "scst.h_min=1", "scst.h_max=5", *baseline])
-    full = train_captioner(cfg(), tmp_path / "full", show_progress=False)
+    full = train_captioner(cfg(), tmp_path / "full")
     real = ck.save_caption_checkpoint
 
     class Killed(Exception):
@@ -138,9 +138,9 @@ def test_resume_gives_the_same_next_steps(judge, tmp_path, monkeypatch, baseline
 
     monkeypatch.setattr(ck, "save_caption_checkpoint", save_then_die)
     with pytest.raises(Killed):
-        train_captioner(cfg(), tmp_path / "part", show_progress=False)
+        train_captioner(cfg(), tmp_path / "part")
     monkeypatch.setattr(ck, "save_caption_checkpoint", real)
-    train_captioner(cfg(), tmp_path / "part", resume=True, show_progress=False)
+    train_captioner(cfg(), tmp_path / "part", resume=True)
     a, b = _rows(full.run_dir), _rows(tmp_path / "part")
     assert [r["step"] for r in a] == [r["step"] for r in b]
     for ra, rb in zip(a, b):
@@ -177,8 +177,8 @@ def test_unlabelled_images_enter_scst_only_in_sr_pl(judge, tmp_path, monkeypatch
     cfg = load_caption_config("caption_synthetic_sr_pl", TINY_CAP + [
         f"train.retrieval={judge}", "scst.h_min=1", "scst.h_max=5", "xe.epochs=1", "scst.epochs=1",
         "scst.distractors=5", f"scst.negatives={negatives}"])
-    d = prepare_captioning(cfg, show_progress=False)
-    train_captioner(cfg, tmp_path / "run", data=d, show_progress=False)
+    d = prepare_captioning(cfg)
+    train_captioner(cfg, tmp_path / "run", data=d)
     unlabelled = set(d.train_rows[~d.labelled].tolist())
     assert 0 < len(unlabelled) < len(d.train_rows)
     used = set(np.concatenate(seen).tolist())
@@ -199,7 +199,7 @@ def test_xe_only_run_of_an_sr_pl_preset_needs_no_judge(tmp_path):
 
     cfg = load_caption_config("caption_synthetic_sr_pl", TINY_CAP + ["scst.epochs=0", "xe.epochs=1"])
     assert not cfg.needs_judge
-    res = train_captioner(cfg, tmp_path / "xe", show_progress=False)
+    res = train_captioner(cfg, tmp_path / "xe")
     ck = torch.load(res.run_dir / "best.pt", weights_only=True)
     assert ck["stage"] == "xe" and 0 < len(ck["labelled"]) < 60
 
@@ -221,7 +221,7 @@ def test_xe_stops_early_on_val_and_scst_starts_from_the_best_xe_epoch(tmp_path, 
 
     monkeypatch.setattr(loop, "scst_step", spy_step)
     cfg = load_caption_config("caption_synthetic_scst_cider", TINY_CAP + ["xe.epochs=10", "xe.patience=2", "scst.epochs=1"])
-    run = loop.train_captioner(cfg, tmp_path / "run", show_progress=False).run_dir
+    run = loop.train_captioner(cfg, tmp_path / "run").run_dir
     assert sorted({r["epoch"] for r in _rows(run) if r["stage"] == "xe"}) == [1, 2, 3, 4]
     stop = _rows(run, "early_stop")
     assert [(r["epoch"], r["best_epoch"]) for r in stop] == [(4, 2)]

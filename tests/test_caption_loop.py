@@ -40,7 +40,7 @@ TINY = ["data.synthetic_images=60", "data.image_size=64", "data.min_word_count=2
 
 @pytest.fixture(scope="module")
 def data():
-    return prepare_captioning(load_caption_config(PRESET, TINY), show_progress=False)
+    return prepare_captioning(load_caption_config(PRESET, TINY))
 
 
 def _seeded(*key) -> tuple[int, torch.Generator]:
@@ -111,7 +111,7 @@ def _same_tensors(a: dict, b: dict) -> None:
 @pytest.mark.training
 def test_xe_then_scst_is_the_simple_reference(data, tmp_path):
     cfg = load_caption_config(PRESET, TINY)
-    res = train_captioner(cfg, tmp_path / "run", data=data, show_progress=False)
+    res = train_captioner(cfg, tmp_path / "run", data=data)
     losses, weights = reference(cfg, data)
     steps = [r for r in _rows(res.run_dir) if r["type"] == "step"]
     assert [r["stage"] for r in steps] == ["xe"] * 12 + ["scst"] * 6 and [r["step"] for r in steps] == list(range(1, 19))
@@ -138,7 +138,7 @@ KILLED = textwrap.dedent('''
             os.kill(os.getpid(), signal.SIGKILL)
 
     ck.save_caption_checkpoint = save_then_die
-    train_captioner(load_caption_config(preset, sets), run, show_progress=False)
+    train_captioner(load_caption_config(preset, sets), run)
 ''')
 
 
@@ -149,7 +149,7 @@ def test_a_run_killed_mid_epoch_resumes_as_if_never_stopped(data, tmp_path, stag
     """SIGKILL right after a mid-epoch checkpoint (XE, then SCST): the resumed run logs the same rows
     and ends on the same weights and optimiser state as a run that never stopped."""
     sets = TINY + ["xe.epochs=1", "train.checkpoint_every=2"]
-    full = train_captioner(load_caption_config(PRESET, sets), tmp_path / "full", data=data, show_progress=False)
+    full = train_captioner(load_caption_config(PRESET, sets), tmp_path / "full", data=data)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", KILLED, str(tmp_path / "part"), stage, PRESET, json.dumps(sets),
                            str(torch.get_num_threads())], env=env,
@@ -157,7 +157,7 @@ def test_a_run_killed_mid_epoch_resumes_as_if_never_stopped(data, tmp_path, stag
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     ck = torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)
     assert (ck["stage"], ck["epoch"], ck["step_in_epoch"]) == (stage, 0, 2)
-    train_captioner(load_caption_config(PRESET, sets), tmp_path / "part", resume=True, data=data, show_progress=False)
+    train_captioner(load_caption_config(PRESET, sets), tmp_path / "part", resume=True, data=data)
     assert _rows(tmp_path / "part") == _rows(full.run_dir)
     for name in ("checkpoint.pt", "best.pt"):
         a, b = (torch.load(p / name, weights_only=True) for p in (full.run_dir, tmp_path / "part"))

@@ -25,7 +25,7 @@ def clip_dir(tmp_path_factory):
 def scenes():
     from training.prepare import resolve_dataset_path
 
-    return resolve_dataset_path("", synthetic_images=60, show_progress=False)
+    return resolve_dataset_path("", synthetic_images=60)
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +268,7 @@ def test_a_clip_judge_scores_captions(fine_tuned, scenes):
 
     ds = load_karpathy(scenes)
     words = ["<pad>", "a", "red", "circle"]
-    judge = load_judge(fine_tuned["ltd"] / "best.pt", ds, words, show_progress=False)
+    judge = load_judge(fine_tuned["ltd"] / "best.pt", ds, words)
     emb = judge.embed_ids(torch.tensor([[1, 2, 3]]), torch.tensor([3]))
     assert emb.shape == (1, 16) and judge.images.shape == (len(ds.images), 16)
     assert torch.isfinite(judge.similarities(emb, torch.arange(4))).all()
@@ -287,7 +287,7 @@ def test_one_clip_tower_beside_another_encoder(clip_dir, tmp_path, sets):
 
     cfg = load_config("synthetic_baseline", [*TINY_RUN, "model.image_size=64", "model.text_hidden=32",
                                              "model.head_hidden=64", f"model.clip_path={clip_dir}", *sets])
-    res = train_run(cfg, tmp_path / "run", show_progress=False)
+    res = train_run(cfg, tmp_path / "run")
     model = model_from_checkpoint(res.run_dir / "best.pt")[0]
     assert model.embed_texts(["a red circle"]).shape == (1, 16) and model.logit_scale is None  # CLIP's joint space
 

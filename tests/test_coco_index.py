@@ -28,8 +28,8 @@ def coco_index(tmp_path_factory):
     assert main(["data", "convert-coco", "--coco-root", str(root / "coco"), "--karpathy-test", str(root / "ids.npy"),
                  "--val-size", "5", "--out", str(root / "coco.json")]) == 0
     cfg = tiny_config(extra=[f"data.path={root / 'coco.json'}", "train.epochs=1", "train.batch_size=16"])
-    res = train_run(cfg, root / "run", show_progress=False)
-    ix = build_dataset_index(res.run_dir / "best.pt", root / "coco.json", "test", root / "index", show_progress=False)
+    res = train_run(cfg, root / "run")
+    ix = build_dataset_index(res.run_dir / "best.pt", root / "coco.json", "test", root / "index")
     return root, made, test_imgs, ix
 
 
@@ -77,19 +77,19 @@ def test_cxc_and_eccv_positives_attach_to_the_test_split(coco_index, tmp_path, m
     sims = np.asarray(ix.images.vectors) @ np.asarray(ix.captions.vectors).T
     c2i = np.asarray(ix.captions.meta["image"])
     # CxC: every query, the original positives plus CxC's
-    rep = evaluate_index(ix, relevance=None, cxc=True, show_progress=False)
+    rep = evaluate_index(ix, relevance=None, cxc=True)
     ref = query_metrics(sims, [np.concatenate([np.flatnonzero(c2i == k), i2t[k]]) for k in range(len(c2i) // 5)])
     assert rep["meta"]["ground_truth"] == "cxc" and rep["meta"]["queries"] == {"i2t": 5, "t2i": 25}
     assert rep["i2t_R@1"] == pytest.approx(100 * np.mean(ref["hit@1"]), abs=1e-3)
     assert rep["i2t_R-P"] == pytest.approx(100 * np.mean(ref["rprec"]), abs=1e-3)
     # ECCV Caption: only the re-annotated queries (images 0 and 2, the captions of image 0)
-    rep = evaluate_index(ix, relevance=None, eccv=True, show_progress=False)
+    rep = evaluate_index(ix, relevance=None, eccv=True)
     assert rep["meta"]["ground_truth"] == "eccv" and rep["meta"]["queries"] == {"i2t": 2, "t2i": 5}
     ref_t = query_metrics(sims.T[:5], [np.array([0, 2])] * 5)
     assert rep["t2i_R@1"] == pytest.approx(100 * np.mean(ref_t["hit@1"]), abs=1e-3)
     assert rep["t2i_R-P"] == pytest.approx(100 * np.mean(ref_t["rprec"]), abs=1e-3)
     with pytest.raises(Exception, match="choose one"):
-        evaluate_index(ix, relevance=None, cxc=True, eccv=True, show_progress=False)
+        evaluate_index(ix, relevance=None, cxc=True, eccv=True)
 
 
 @pytest.mark.training

@@ -76,7 +76,7 @@ def test_replayed_run_applies_the_logged_lambdas(tmp_path):
     exactly those weights, step by step, and its λ really enters the loss."""
     from app.pipeline import train_run
 
-    src = train_run(tiny_config("constraint"), tmp_path / "src", show_progress=False).run_dir
+    src = train_run(tiny_config("constraint"), tmp_path / "src").run_dir
     logged, eta = read_lambda_trace(src)
     src_steps = _steps(src)
     assert len(logged) == max(r["step"] for r in src_steps) > 2  # every step, not every log_every
@@ -85,8 +85,7 @@ def test_replayed_run_applies_the_logged_lambdas(tmp_path):
     for r in src_steps:  # the trace is what the loop logged (log_every=1 in the tiny config)
         assert logged[r["step"] - 1] == pytest.approx(r["lambda"], rel=1e-6)
 
-    rep = train_run(tiny_config("replay", [f"loss.lambda_schedule={src}"]), tmp_path / "rep",
-                    show_progress=False).run_dir
+    rep = train_run(tiny_config("replay", [f"loss.lambda_schedule={src}"]), tmp_path / "rep").run_dir
     applied, _ = read_lambda_trace(rep)
     np.testing.assert_array_equal(applied, logged)
     for r in _steps(rep):
@@ -114,7 +113,7 @@ def test_itd_sum_runs_as_dual_and_constraint(tmp_path):
     for mode in ("dual", "constraint"):
         extra = ["loss.decoder=itd", "loss.itd_reduction=sum", "loss.eta=20", "train.epochs=1"]
         run = train_run(tiny_config(mode, extra[:2] + extra[3:] + ([extra[2]] if mode == "constraint" else [])),
-                        tmp_path / mode, show_progress=False).run_dir
+                        tmp_path / mode).run_dir
         rows = _steps(run)
         # summed over a caption's ~5 tokens: well above the per-token mean of ln(V) at the start
         assert rows[0]["l_rec"] > 2 * np.log(20)
@@ -189,7 +188,7 @@ def test_glove_mean_targets_are_the_mean_glove_vector_of_the_words(tmp_path, mon
     vectors = np.load(Path(ROOT) / "glove_6B_50d_emb.npy", mmap_mode="r")
     row = {w: i for i, w in enumerate(words)}
     captions = ["A dog runs on the grass", "two men qqqzzzunknownword"]
-    got = compute_targets(captions, "glove-mean", show_progress=False)
+    got = compute_targets(captions, "glove-mean")
     for caption, target in zip(captions, got):
         known = [row[w] for w in caption.lower().split() if w in row]
         np.testing.assert_allclose(target, np.asarray(vectors[known]).mean(0), rtol=1e-5, atol=1e-6)
@@ -222,7 +221,7 @@ def test_glove_randlstm_targets_are_a_seeded_random_bilstm_over_glove(tmp_path, 
     torch.manual_seed(packaged_models.RANDLSTM_SEED)
     lstm = torch.nn.LSTM(50, packaged_models.RANDLSTM_HIDDEN, bidirectional=True, batch_first=True)
     captions = ["A dog runs on the grass", "the grass on runs dog a", "two men qqqzzzunknownword", "qqqzzzunknownword"]
-    got = compute_targets(captions, "glove-randlstm", show_progress=False)
+    got = compute_targets(captions, "glove-randlstm")
     assert got.shape == (4, 2 * packaged_models.RANDLSTM_HIDDEN) and np.isfinite(got).all()
     for caption, target in zip(captions[:3], got):
         x = torch.from_numpy(np.asarray(vectors[[row[w] for w in caption.lower().split() if w in row]], np.float32))
@@ -271,8 +270,8 @@ def test_shuffled_ltd_targets_are_a_derangement_of_the_caption_targets():
     from training.config import ConfigError
     from training.prepare import prepare, shuffled_targets
 
-    own = prepare(tiny_config("dual"), show_progress=False).targets
-    got = prepare(tiny_config("dual", ["loss.ltd_targets=shuffled"]), show_progress=False).targets
+    own = prepare(tiny_config("dual")).targets
+    got = prepare(tiny_config("dual", ["loss.ltd_targets=shuffled"])).targets
     assert got.shape == own.shape
     # the same rows (as a multiset: the scenes repeat some captions word for word), nearly all moved
     def rows(x):
@@ -310,8 +309,8 @@ def test_same_image_ltd_targets_stay_within_each_image_and_move_every_caption():
     assert torch.equal(same_image_targets(t, image_of, 3), same_image_targets(t, image_of, 3))
     assert any(not torch.equal(same_image_targets(t, image_of, 3), same_image_targets(t, image_of, s))
                for s in range(4, 10))
-    data = prepare(tiny_config("dual", ["loss.ltd_targets=same_image"]), show_progress=False)
-    own = prepare(tiny_config("dual"), show_progress=False).targets
+    data = prepare(tiny_config("dual", ["loss.ltd_targets=same_image"]))
+    own = prepare(tiny_config("dual")).targets
     img = torch.tensor([c.image_index for c in data.train.captions])
     match = (data.targets.unsqueeze(1) == own.unsqueeze(0)).all(-1)  # [i, j]: i's target is j's own
     assert all(bool(match[i][img == img[i]].any()) for i in range(len(img)))

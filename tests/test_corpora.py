@@ -271,7 +271,7 @@ def test_a_shard_corpus_larger_than_the_memory_bound_indexes(clip_dir, tmp_path)
     ckpt = save_checkpoint(tmp_path / "zs.pt", zero_shot_checkpoint(clip_dir))
     tracemalloc.start()
     try:
-        ix = build_dataset_index(ckpt, tmp_path / "big", "test", tmp_path / "ix", show_progress=False)
+        ix = build_dataset_index(ckpt, tmp_path / "big", "test", tmp_path / "ix")
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

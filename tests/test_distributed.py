@@ -156,9 +156,9 @@ def _loop_steps(world: int, mode: str, extra: list[str], steps: int, run_dir: st
     from training.prepare import prepare
 
     cfg = tiny_config(mode, extra)
-    data = prepare(cfg, show_progress=False)
-    r = set_up(cfg, data, torch.device("cpu"), Path(run_dir), False)
-    r.encoders = data_parallel(StepEncoders(r.model), r.device)
+    data = prepare(cfg)
+    r = set_up(cfg, data, Path(run_dir))
+    r.encoders = data_parallel(StepEncoders(r.model))
     batches = epoch_batches(cfg.train.seed, 0, len(data.train_texts), cfg.train.batch_size, world)
     rows = []
     for s in range(steps):
@@ -312,8 +312,7 @@ def test_a_killed_rank_stops_the_run_and_resume_continues(tmp_path):
     shutil.copytree(run, tmp_path / "on_one")
     from app.pipeline import launch_train_run  # what `ltd experiment` schedules for a cell with nproc: 2
 
-    launch_train_run(tiny_config("constraint", ["train.batch_size=16", *extra]), run, nproc=2, resume=True,
-                     show_progress=False)
+    launch_train_run(tiny_config("constraint", ["train.batch_size=16", *extra]), run, nproc=2, resume=True)
     _assert_rows_close(_rows(run), _rows(tmp_path / "full"), rel=1e-6)
     a = load_checkpoint(run / "checkpoint.pt")["model"]
     b = load_checkpoint(tmp_path / "full" / "checkpoint.pt")["model"]

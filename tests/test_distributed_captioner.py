@@ -20,7 +20,7 @@ TINY_CAP = ["data.synthetic_images=60", "data.image_size=64", "data.min_word_cou
 def judge(tmp_path_factory):
     from app.pipeline import train_run
 
-    res = train_run(tiny_config("none"), tmp_path_factory.mktemp("judge") / "run", show_progress=False)
+    res = train_run(tiny_config("none"), tmp_path_factory.mktemp("judge") / "run")
     return str(res.run_dir / "best.pt")
 
 
@@ -38,7 +38,7 @@ def _caption_steps(rank: int, world: int, judge: str, run_dir: str) -> dict:
     from training.captioning.xe import epoch_captions
 
     cfg = load_caption_config("caption_synthetic_sr_pl", _sr_pl(judge))
-    run = loop.set_up(cfg, prepare_captioning(cfg, show_progress=False), torch.device("cpu"), Path(run_dir), False)
+    run = loop.set_up(cfg, prepare_captioning(cfg), Path(run_dir))
     d, seed = run.data, cfg.train.seed
     batches = loop.epoch_batches(run, "xe", 0)
     caps = epoch_captions(d.train.image_to_captions, np.concatenate(batches), cfg.xe.captions_per_image,

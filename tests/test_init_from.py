@@ -17,7 +17,7 @@ def pretrained(tmp_path_factory):
     from app.pipeline import train_run
 
     run = tmp_path_factory.mktemp("init_from") / "ltd"
-    train_run(tiny_config("constraint"), run, show_progress=False)  # with a decoder: a later baseline drops it
+    train_run(tiny_config("constraint"), run)  # with a decoder: a later baseline drops it
     return run
 
 
@@ -29,11 +29,11 @@ def test_fine_tuning_starts_where_the_source_ended(pretrained, tmp_path):
 
     src = load_checkpoint(pretrained / "best.pt")
     cfg = tiny_config(extra=[f"train.init_from={pretrained / 'best.pt'}", "train.epochs=1"])
-    train_run(cfg, tmp_path / "ft", show_progress=False)
+    train_run(cfg, tmp_path / "ft")
     start = _val_rows(tmp_path / "ft")[0]
     assert start["epoch"] == 0 and start["rsum"] == pytest.approx(src["best"]["rsum"], abs=1e-6)
     scratch = tiny_config(extra=["train.epochs=1"])
-    train_run(scratch, tmp_path / "scratch", show_progress=False)
+    train_run(scratch, tmp_path / "scratch")
     assert _val_rows(tmp_path / "scratch")[0]["rsum"] != pytest.approx(start["rsum"], abs=1e-6)
 
 

@@ -16,6 +16,7 @@ from PIL import Image
 from training.data import gpu_decode, jpeg
 from training.data.decode_pool import ImageViews, decoded_batches
 from training.data.images import ImageError, Preprocess, load_image
+from training.device import using_device
 
 simplejpeg = pytest.importorskip("simplejpeg", reason="simplejpeg (a core dependency) is not installed")
 
@@ -118,13 +119,15 @@ def test_the_gpu_decoder_imports_without_its_package_and_the_cpu_path_is_unchang
         assert fresh.nvimgcodec is None
         assert fresh.unavailable("cpu") == "the model runs on cpu"
         assert "nvImageCodec is not installed" in fresh.unavailable("cuda")
-        assert not fresh.uses_gpu("cuda") and fresh.decode_key(True, False) == {"decode": "draft"}
+        with using_device("cuda"):
+            assert not fresh.uses_gpu()
+        assert fresh.decode_key(True, False) == {"decode": "draft"}
         paths = []
         for i in range(5):
             paths.append(tmp_path / f"{i}.jpg")
             paths[-1].write_bytes(_jpeg(_photo(250, 180, i)))
         pre = Preprocess(size=64, resize=64)
-        got = list(fresh.image_batches(paths, range(5), pre, device="cpu", batch_size=2, workers=0))
+        got = list(fresh.image_batches(paths, range(5), pre, batch_size=2, workers=0))
         want = list(decoded_batches(ImageViews(paths, range(5), pre), batch_size=2, workers=0))
         assert [g[0] for g in got] == [w[0] for w in want]
         for (_, x, _), (_, y, _) in zip(got, want):
@@ -144,7 +147,8 @@ def test_gpu_decoding_matches_the_cpu_path(tmp_path):
     (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8 not really")
     paths.append(tmp_path / "bad.jpg")
     pre = Preprocess(size=224, resize=224)
-    gpu = list(gpu_decode.gpu_decoded_batches(paths, range(7), pre, "cuda", batch_size=8))
+    with using_device("cuda"):
+        gpu = list(gpu_decode.gpu_decoded_batches(paths, range(7), pre, batch_size=8))
     cpu = list(decoded_batches(ImageViews(paths, range(7), pre), batch_size=8, workers=0))
     (gi, gx, gbad), (ci, cx, cbad) = gpu[0], cpu[0]
     assert gi == ci == list(range(6)) and [b[0] for b in gbad] == [b[0] for b in cbad] == [6]

@@ -107,7 +107,7 @@ def zero_shot(tmp_path_factory):
     from app.cli import main
     from training.prepare import resolve_dataset_path
 
-    scenes = resolve_dataset_path("", synthetic_images=60, show_progress=False)
+    scenes = resolve_dataset_path("", synthetic_images=60)
     out = tmp_path_factory.mktemp("oc") / "index"
     assert main(["index", "--checkpoint", str(FIXTURE), "--dataset", str(scenes), "--split", "test", "--out", str(out),
                  "--no-progress"]) == 0

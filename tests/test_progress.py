@@ -1,8 +1,14 @@
 """Progress output: a bar on a terminal, a few log lines elsewhere (not hundreds of redrawn bars)."""
 from __future__ import annotations
 
+import argparse
 import logging
+import os
+import threading
 
+import pytest
+
+from app.cli.parser import _process_settings
 from training import progress as p
 
 
@@ -42,14 +48,58 @@ def test_log_lines_read_fast_items_per_second_and_slow_ones_as_time_each(monkeyp
 def test_mode_follows_the_terminal_and_the_override(monkeypatch):
     monkeypatch.delenv("LTD_PROGRESS", raising=False)
     monkeypatch.setattr(p.sys.stderr, "isatty", lambda: False)
-    assert p._mode(False) == "log" and not p.bars(True)
+    assert p._mode() == "log" and not p.bars()
     monkeypatch.setattr(p.sys.stderr, "isatty", lambda: True)
-    assert p._mode(False) == "bar" and p.bars(True) and not p.bars(False)
+    assert p._mode() == "bar" and p.bars()
+    assert isinstance(p.progress(5, disable=True), p._Off)
     monkeypatch.setenv("LTD_PROGRESS", "off")
-    assert isinstance(p.progress(5), p._Off)
-    assert p._mode(True) == "off"
+    assert isinstance(p.progress(5), p._Off) and not p.bars()
+
+
+def test_quiet_turns_progress_off_in_every_thread_until_the_last_block_ends(monkeypatch):
+    monkeypatch.setenv("LTD_PROGRESS", "log")
+    seen = []
+
+    def other_thread():
+        seen.append((p.progress_enabled(), type(p.progress(3))))
+
+    with p.quiet():
+        with p.quiet():  # nested: the outer block still holds
+            pass
+        assert not p.progress_enabled() and not p.bars() and isinstance(p.progress(3), p._Off)
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join()
+    assert seen == [(False, p._Off)]
+    assert p.progress_enabled() and type(p.progress(3)) is p.LogProgress
+    with pytest.raises(RuntimeError), p.quiet():  # an exception ends the block too
+        raise RuntimeError
+    assert p.progress_enabled()
+
+
+def test_set_progress_is_the_process_default(monkeypatch):
+    monkeypatch.setenv("LTD_PROGRESS", "log")
+    try:
+        p.set_progress(False)
+        assert not p.progress_enabled() and isinstance(p.progress(3), p._Off)
+    finally:
+        p.set_progress(True)
+    assert p.progress_enabled()
 
 
 def test_progress_iter_yields_every_item(monkeypatch):
     monkeypatch.setenv("LTD_PROGRESS", "off")
     assert list(p.progress_iter(range(5), desc="x")) == [0, 1, 2, 3, 4]
+
+
+def test_no_progress_quiets_the_command_and_the_processes_it_starts(monkeypatch):
+    monkeypatch.setenv("LTD_PROGRESS", "log")
+    with _process_settings(argparse.Namespace(no_progress=True)):
+        assert not p.progress_enabled() and os.environ["LTD_PROGRESS"] == "off"
+    assert p.progress_enabled() and os.environ["LTD_PROGRESS"] == "log"
+    monkeypatch.delenv("LTD_PROGRESS")
+    with _process_settings(argparse.Namespace(no_progress=False)):
+        assert p.progress_enabled() and "LTD_PROGRESS" not in os.environ
+    with p.quiet_everywhere():
+        assert os.environ["LTD_PROGRESS"] == "off"
+    assert "LTD_PROGRESS" not in os.environ

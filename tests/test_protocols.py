@@ -142,8 +142,7 @@ def test_reports_name_their_protocol_and_the_bootstrap_covers_it(setup, tmp_path
         ix = save_index_dir(tmp_path / f"ix{noise}", {"name": "t", "ground_truth": True, "factory": "Flat"},
                             Modality(build_vector_index(img, "Flat"), img, images),
                             Modality(build_vector_index(txt, "Flat"), txt, caps))
-        rep = evaluate_index(ix, relevance=None, per_query=True, protocols=("coco1k", "eccv", "pmrp"), pm_dir=tmp_path,
-                             show_progress=False)
+        rep = evaluate_index(ix, relevance=None, per_query=True, protocols=("coco1k", "eccv", "pmrp"), pm_dir=tmp_path)
         reports.append(rep)
     rep = reports[0]
     assert rep["meta"]["protocol"].startswith("full split") and set(rep["meta"]["protocols"]) == {"coco1k", "eccv", "pmrp"}

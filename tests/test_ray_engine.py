@@ -62,7 +62,7 @@ def trained(tmp_path_factory):
     from training.prepare import resolve_dataset_path
 
     root = tmp_path_factory.mktemp("ray_model")
-    res = train_run(tiny_config("none", ["train.epochs=1"]), root / "run", show_progress=False)
+    res = train_run(tiny_config("none", ["train.epochs=1"]), root / "run")
     return res.run_dir / "best.pt", Path(resolve_dataset_path("", synthetic_images=60))
 
 
@@ -74,9 +74,9 @@ def test_ray_and_local_engines_give_the_same_embeddings_and_report(trained, tmp_
     from indexer.ray_engine import RayOptions
 
     ckpt, dataset = trained
-    local = build_dataset_index(ckpt, dataset, "test", tmp_path / "local", show_progress=False)
+    local = build_dataset_index(ckpt, dataset, "test", tmp_path / "local")
     opts = RayOptions(workers=2, shard_size=8, shard_dir=tmp_path / "shards")
-    dist = build_dataset_index(ckpt, dataset, "test", tmp_path / "ray", show_progress=False, ray=opts)
+    dist = build_dataset_index(ckpt, dataset, "test", tmp_path / "ray", ray=opts)
     from indexer.ray_engine import last_timings
     assert last_timings["embedding_s"] > 0 and last_timings["model_load_s"] > 0
     assert last_timings["wall_s"] >= last_timings["actor_start_s"] + last_timings["model_load_s"]
@@ -85,9 +85,9 @@ def test_ray_and_local_engines_give_the_same_embeddings_and_report(trained, tmp_
     cos = np.sum(np.asarray(dist.images.vectors) * np.asarray(local.images.vectors), axis=1)
     assert cos.min() > 0.9999, cos.min()  # local reads float16 cached features, Ray embeds from the files
     np.testing.assert_allclose(dist.captions.vectors, local.captions.vectors, atol=1e-5)
-    keys = [k for k in evaluate_index(local, relevance=None, show_progress=False) if k != "meta"]
-    a = evaluate_index(local, relevance=None, show_progress=False)
-    b = evaluate_index(dist, relevance=None, show_progress=False)
+    keys = [k for k in evaluate_index(local, relevance=None) if k != "meta"]
+    a = evaluate_index(local, relevance=None)
+    b = evaluate_index(dist, relevance=None)
     assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
 
 
@@ -139,12 +139,12 @@ def test_a_killed_ray_run_resumes_from_its_finished_shards(trained, tmp_path):
 
     re_mod._run = spy
     try:
-        ix = build_corpus_index(ckpt, out, images_dir=images, captions_file=captions, show_progress=False, ray=opts)
+        ix = build_corpus_index(ckpt, out, images_dir=images, captions_file=captions, ray=opts)
     finally:
         re_mod._run = real_run
     assert set(before) <= done_at_resume and {s.name for s in sent}.isdisjoint(done_at_resume)
     assert len(sent) == len(plan) - len(done_at_resume)
-    local = build_corpus_index(ckpt, tmp_path / "local", images_dir=images, captions_file=captions, show_progress=False)
+    local = build_corpus_index(ckpt, tmp_path / "local", images_dir=images, captions_file=captions)
     assert ix.images.meta["filenames"] == local.images.meta["filenames"]
     cos = np.sum(np.asarray(ix.images.vectors) * np.asarray(local.images.vectors), axis=1)
     assert cos.min() > 0.99999

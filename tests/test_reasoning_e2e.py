@@ -22,10 +22,10 @@ def _train_index_eval(tmp_path, name: str, cfg):
     from indexer.evaluate import evaluate_index, write_report
     from training.prepare import resolve_dataset_path
 
-    res = train_run(cfg, tmp_path / "runs" / name, show_progress=False)
+    res = train_run(cfg, tmp_path / "runs" / name)
     ds = resolve_dataset_path("", synthetic_images=60)
-    ix = build_dataset_index(res.run_dir / "best.pt", ds, "test", tmp_path / "indexes" / name, show_progress=False)
-    report = evaluate_index(ix, show_progress=False)
+    ix = build_dataset_index(res.run_dir / "best.pt", ds, "test", tmp_path / "indexes" / name)
+    report = evaluate_index(ix)
     write_report(ix, report)
     return res, ix, report
 

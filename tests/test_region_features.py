@@ -26,7 +26,7 @@ def grid_store(tmp_path_factory):
         Image.new("RGB", (80, 64), (60 * i, 200 - 40 * i, 90)).save(p)
         paths.append(p)
     net = EfficientNetLite0("grid", image_size=64)
-    return extract_features(net, paths, cache_dir=root / "cache", workers=0, show_progress=False)
+    return extract_features(net, paths, cache_dir=root / "cache", workers=0)
 
 
 def _regions(store) -> np.ndarray:
@@ -65,8 +65,7 @@ def test_grid_cache_and_precomputed_reader_give_identical_model_inputs(grid_stor
     model = build_model(grid_cfg, Vocab.build([["a"]])).eval()
     want = model.encode_image_features(cache_rows)
     for name in _write_sources(arr, tmp_path):
-        store, region_dim = load_region_features(tmp_path / name, IDS, NAMES, SPLITS, cache_dir=tmp_path / "c",
-                                                 show_progress=False)
+        store, region_dim = load_region_features(tmp_path / name, IDS, NAMES, SPLITS, cache_dir=tmp_path / "c")
         assert region_dim == 1280 and store.features.shape == (4, 1, 4 * 1280), name
         assert np.array_equal(np.asarray(store.features), np.asarray(grid_store.features)), name
         torch.testing.assert_close(model.encode_image_features(store.mean_view()), want, atol=0, rtol=0)
@@ -82,11 +81,11 @@ def test_grid_cache_and_precomputed_reader_give_identical_model_inputs(grid_stor
 def test_the_assembled_cache_is_reused_and_rebuilt_when_the_source_changes(tmp_path):
     arr = np.random.default_rng(0).random((4, 3, 5)).astype(np.float32)
     np.save(tmp_path / "a.npy", arr)
-    s1, _ = load_region_features(tmp_path / "a.npy", IDS, NAMES, SPLITS, cache_dir=tmp_path / "c", show_progress=False)
-    s2, _ = load_region_features(tmp_path / "a.npy", IDS, NAMES, SPLITS, cache_dir=tmp_path / "c", show_progress=False)
+    s1, _ = load_region_features(tmp_path / "a.npy", IDS, NAMES, SPLITS, cache_dir=tmp_path / "c")
+    s2, _ = load_region_features(tmp_path / "a.npy", IDS, NAMES, SPLITS, cache_dir=tmp_path / "c")
     assert s1.key == s2.key and len(list((tmp_path / "c" / "features").iterdir())) == 1
     np.save(tmp_path / "a.npy", arr[::-1] * 2)
-    s3, _ = load_region_features(tmp_path / "a.npy", IDS, NAMES, SPLITS, cache_dir=tmp_path / "c", show_progress=False)
+    s3, _ = load_region_features(tmp_path / "a.npy", IDS, NAMES, SPLITS, cache_dir=tmp_path / "c")
     assert s3.key != s1.key
     np.testing.assert_allclose(np.asarray(s3.features)[0, 0], (arr[3] * 2).reshape(-1), rtol=1e-3)
     assert not [p for p in (tmp_path / "c" / "features").rglob(".*tmp*")]  # no temporaries left behind
@@ -98,14 +97,12 @@ def test_boxes_become_five_spatial_features_per_region(tmp_path):
     (tmp_path / "d").mkdir()
     for i in range(4):
         np.savez(tmp_path / "d" / f"{IDS[i]}.npz", x=feats[i], bbox=boxes[i], image_w=100, image_h=200)
-    store, region_dim = load_region_features(tmp_path / "d", IDS, NAMES, SPLITS, cache_dir=tmp_path / "c",
-                                             show_progress=False)
+    store, region_dim = load_region_features(tmp_path / "d", IDS, NAMES, SPLITS, cache_dir=tmp_path / "c")
     assert region_dim == 8
     row = np.asarray(store.features)[0, 0].reshape(2, 8)
     np.testing.assert_allclose(row[0], [1, 1, 1, 0, 0, 0.5, 0.5, 0.25], rtol=1e-3)
     np.testing.assert_allclose(row[1], [1, 1, 1, 0.25, 0.25, 1, 0.5, 0.1875], rtol=1e-3)
-    _, without = load_region_features(tmp_path / "d", IDS, NAMES, SPLITS, boxes=False, cache_dir=tmp_path / "c",
-                                      show_progress=False)
+    _, without = load_region_features(tmp_path / "d", IDS, NAMES, SPLITS, boxes=False, cache_dir=tmp_path / "c")
     assert without == 3
     with pytest.raises(RegionFeatureError, match="boxes look like pixels"):
         spatial_features(boxes[0])
@@ -127,5 +124,5 @@ def test_the_reader_refuses_what_it_cannot_align(tmp_path, make, message):
     files = sorted(d.iterdir())
     src = files[0] if len(files) == 1 and files[0].suffix in (".npy", ".npz") and files[0].stem == "x" else d
     with pytest.raises(RegionFeatureError, match=message):
-        load_region_features(src, IDS, NAMES, SPLITS, cache_dir=tmp_path / "c", show_progress=False)
+        load_region_features(src, IDS, NAMES, SPLITS, cache_dir=tmp_path / "c")
     assert not (tmp_path / "c" / "features").exists() or not list((tmp_path / "c" / "features").rglob("features.npy"))

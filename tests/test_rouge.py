@@ -55,7 +55,7 @@ def test_pairs_match_rouge_score() -> None:
     pairs = HAND_MADE + [(_sentence(rng), _sentence(rng)) for _ in range(200)]
     queries = [q for q, _ in pairs]
     refs = [[r] for _, r in pairs]  # one reference per group: the matrix holds every pair
-    m = rouge_l_matrix(queries, refs, show_progress=False)
+    m = rouge_l_matrix(queries, refs)
     assert m.dtype == np.float32 and m.shape == (len(pairs), len(pairs))
     for i in range(len(pairs)):
         for j in range(i % 13, len(pairs), 13):  # a deterministic sample of columns keeps it fast
@@ -68,7 +68,7 @@ def test_group_aggregation(aggregate: str) -> None:
     rng = random.Random(2)
     queries = [_sentence(rng) for _ in range(25)] + [""]
     groups = [[_sentence(rng) for _ in range(rng.randint(0, 6))] for _ in range(20)] + [[]]
-    m = rouge_l_matrix(queries, groups, aggregate=aggregate, show_progress=False)
+    m = rouge_l_matrix(queries, groups, aggregate=aggregate)
     for i, q in enumerate(queries):
         for g, refs in enumerate(groups):
             scores = [_f(r, q) for r in refs]
@@ -79,7 +79,7 @@ def test_group_aggregation(aggregate: str) -> None:
 def test_max_equals_rouge_score_multi_reference() -> None:
     refs = ["a dog runs on the grass", "two dogs play", "the red ball"]
     q = "a dog plays with the red ball"
-    m = rouge_l_matrix([q], [refs], show_progress=False)
+    m = rouge_l_matrix([q], [refs])
     assert m[0, 0] == pytest.approx(SCORER.score_multi(refs, q)["rougeL"].fmeasure, abs=1e-6)
 
 
@@ -108,7 +108,7 @@ def test_tern_aggregate_matches_coco_caption_rouge() -> None:
     rng = random.Random(3)
     queries = [_sentence(rng) for _ in range(20)] + ["A dog  runs .", "a dog runs ."]
     groups = [[_sentence(rng) for _ in range(5)] for _ in range(12)] + [["a dog runs .", "A  cat"]]
-    m = rouge_l_matrix(queries, groups, aggregate="tern", show_progress=False)
+    m = rouge_l_matrix(queries, groups, aggregate="tern")
     for i, q in enumerate(queries):
         for g, refs in enumerate(groups):
             assert m[i, g] == pytest.approx(_coco_rouge_l(q, refs), abs=1e-6)
@@ -118,17 +118,17 @@ def test_chunk_and_block_boundaries(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(4)
     queries = [_sentence(rng) for _ in range(40)]
     groups = [[_sentence(rng) for _ in range(3)] for _ in range(15)]
-    full = rouge_l_matrix(queries, groups, show_progress=False)
+    full = rouge_l_matrix(queries, groups)
     monkeypatch.setattr(rouge, "_QUERY_CHUNK", 3)
     monkeypatch.setattr(rouge, "_REF_BLOCK", 4)
     monkeypatch.setattr(rouge, "_AGG_ROWS", 2)
-    np.testing.assert_array_equal(rouge_l_matrix(queries, groups, show_progress=False), full)
+    np.testing.assert_array_equal(rouge_l_matrix(queries, groups), full)
 
 
 def test_own_caption_scores_one_and_bad_aggregate_raises() -> None:
     groups = [["a dog runs", "a black dog"], ["two cats sleep", "cats on a sofa"]]
     queries = [c for g in groups for c in g]
-    m = rouge_l_matrix(queries, groups, show_progress=False)
+    m = rouge_l_matrix(queries, groups)
     np.testing.assert_array_equal(m[[0, 1], 0], 1.0)
     np.testing.assert_array_equal(m[[2, 3], 1], 1.0)
     with pytest.raises(ValueError):

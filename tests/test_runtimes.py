@@ -64,21 +64,22 @@ def test_openvino_splits_a_batch_across_its_streams_in_order(images, fp32):
 
 
 def test_auto_picks_the_fastest_installed_runtime(monkeypatch):
-    cpu = torch.device("cpu")
     monkeypatch.setattr(runtimes, "installed", lambda n: n in ("torch", "onnxruntime", "openvino"))
-    assert resolve_runtime("auto", cpu, False) == "openvino"
+    assert resolve_runtime("auto", False) == "openvino"
     monkeypatch.setattr(runtimes, "installed", lambda n: n in ("torch", "onnxruntime"))
-    assert resolve_runtime("auto", cpu, False) == "onnxruntime"
+    assert resolve_runtime("auto", False) == "onnxruntime"
     monkeypatch.setattr(runtimes, "installed", lambda n: n == "torch")
-    assert resolve_runtime("auto", cpu, False) == "torch"
+    assert resolve_runtime("auto", False) == "torch"
     with pytest.raises(RuntimeUnavailable, match="not installed"):
-        resolve_runtime("openvino", cpu, False)
+        resolve_runtime("openvino", False)
     # GPUs keep torch's fp16 path; bf16 CPUs run OpenVINO's bf16 kernels when installed, else torch's
     monkeypatch.setattr(runtimes, "installed", lambda n: True)
-    assert resolve_runtime("auto", cpu, True) == "openvino"
-    assert resolve_runtime("auto", torch.device("cuda"), False) == "torch"
+    assert resolve_runtime("auto", True) == "openvino"
+    assert resolve_runtime("auto", False, on_cpu=False) == "torch"
+    with pytest.raises(RuntimeUnavailable, match="CPU only"):
+        resolve_runtime("openvino", False, on_cpu=False)
     monkeypatch.setattr(runtimes, "installed", lambda n: n in ("torch", "onnxruntime"))
-    assert resolve_runtime("auto", cpu, True) == "torch"  # ONNX Runtime has no bf16 path here
+    assert resolve_runtime("auto", True) == "torch"  # ONNX Runtime has no bf16 path here
 
 
 def test_feature_dtype_keys_each_precision_path_apart():
@@ -97,7 +98,7 @@ def test_bf16_paths_are_close_to_fp32_under_their_own_cache_keys(name, images, m
     bb = EfficientNetLite0("pooled", image_size=96)
     bb.set_runtime(name)
     low, low_key = bb.extract(images), bb.cache_key()
-    assert bb.image_runtime(torch.device("cpu")).name == name
+    assert bb.image_runtime().name == name
     assert low_key["dtype"] == ("bfloat16-openvino" if name == "openvino" else "bfloat16")
     monkeypatch.setenv("LTD_FEATURE_DTYPE", "float32")
     ref_bb = EfficientNetLite0("pooled", image_size=96)
@@ -117,7 +118,7 @@ def test_unknown_runtime_is_refused_by_name():
 def test_env_variable_chooses_the_runtime(monkeypatch):
     monkeypatch.setenv("LTD_IMAGE_RUNTIME", "torch")
     bb = EfficientNetLite0("pooled", image_size=64)
-    assert bb.runtime == "torch" and bb.image_runtime(torch.device("cpu")).name == "torch"
+    assert bb.runtime == "torch" and bb.image_runtime().name == "torch"
 
 
 @pytest.mark.slow
@@ -150,10 +151,10 @@ def test_feature_cache_is_shared_across_fp32_runtimes(tmp_path, fp32):
     fast_bb = EfficientNetLite0("pooled", image_size=64)
     fast_bb.set_runtime(FAST[0])
     assert ref_bb.cache_key() == fast_bb.cache_key()
-    store = extract_features(fast_bb, paths, cache_dir=tmp_path / "c", workers=0, show_progress=False)
+    store = extract_features(fast_bb, paths, cache_dir=tmp_path / "c", workers=0)
     again = lookup_features(ref_bb, paths, cache_dir=tmp_path / "c")
     assert again is not None and again.key == store.key
-    fresh = extract_features(ref_bb, paths, cache_dir=tmp_path / "other", workers=0, show_progress=False)
+    fresh = extract_features(ref_bb, paths, cache_dir=tmp_path / "other", workers=0)
     np.testing.assert_allclose(store.tensor().numpy(), fresh.tensor().numpy(), atol=2e-3, rtol=2e-3)
 
 

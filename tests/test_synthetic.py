@@ -27,7 +27,7 @@ N, SIZE = 40, 64
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory) -> Path:
     return generate_synthetic(tmp_path_factory.mktemp("syn_a"), n_images=N, seed=3, image_size=SIZE,
-                              workers=1, show_progress=False)
+                              workers=1)
 
 
 def _files(json_path: Path) -> dict[str, bytes]:
@@ -207,14 +207,12 @@ def test_render_is_deterministic_rgb_and_sized() -> None:
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_byte_identical_across_runs_and_worker_counts(generated: Path, tmp_path: Path) -> None:
-    again = generate_synthetic(tmp_path / "b", n_images=N, seed=3, image_size=SIZE, workers=2,
-                               show_progress=False)
+    again = generate_synthetic(tmp_path / "b", n_images=N, seed=3, image_size=SIZE, workers=2)
     assert again.name == SYNTHETIC_JSON_NAME
     files_a, files_b = _files(generated), _files(again)
     assert sorted(files_a) == sorted(files_b) and len(files_a) == N + 1
     assert files_a == files_b
-    other = generate_synthetic(tmp_path / "c", n_images=N, seed=4, image_size=SIZE, workers=2,
-                               show_progress=False)
+    other = generate_synthetic(tmp_path / "c", n_images=N, seed=4, image_size=SIZE, workers=2)
     assert other.read_bytes() != generated.read_bytes()
 
 
@@ -261,16 +259,15 @@ def test_images_decode_at_size_and_match_record(generated: Path) -> None:
 def test_reuses_existing_output(generated: Path, caplog: pytest.LogCaptureFixture) -> None:
     before = {p: p.stat().st_mtime_ns for p in generated.parent.rglob("*") if p.is_file()}
     with caplog.at_level(logging.INFO, logger="training.data.synthetic"):
-        again = generate_synthetic(generated.parent, n_images=N, seed=3, image_size=SIZE, workers=1,
-                                   show_progress=False)
+        again = generate_synthetic(generated.parent, n_images=N, seed=3, image_size=SIZE, workers=1)
     assert again == generated
     assert "reusing" in caplog.text
     assert {p: p.stat().st_mtime_ns for p in before} == before
 
 
 def test_regenerates_when_arguments_change(tmp_path: Path) -> None:
-    first = generate_synthetic(tmp_path, n_images=20, seed=1, image_size=48, workers=1, show_progress=False)
-    second = generate_synthetic(tmp_path, n_images=12, seed=2, image_size=48, workers=1, show_progress=False)
+    first = generate_synthetic(tmp_path, n_images=20, seed=1, image_size=48, workers=1)
+    second = generate_synthetic(tmp_path, n_images=12, seed=2, image_size=48, workers=1)
     assert first == second
     data = json.loads(second.read_text())
     assert data["seed"] == 2 and len(data["images"]) == 12
@@ -293,7 +290,7 @@ def test_regenerates_when_arguments_change(tmp_path: Path) -> None:
     ],
 )
 def test_bad_arguments_raise(tmp_path: Path, kwargs: dict, message: str) -> None:
-    args = {"n_images": 20, "image_size": 48, "show_progress": False} | kwargs
+    args = {"n_images": 20, "image_size": 48} | kwargs
     with pytest.raises(ValueError, match=message):
         generate_synthetic(tmp_path, **args)
     assert not (tmp_path / SYNTHETIC_JSON_NAME).exists()

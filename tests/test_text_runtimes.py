@@ -72,11 +72,18 @@ def test_the_graph_is_exported_once_and_whole(st, tmp_path, monkeypatch):
     assert calls == []
 
 
-def fake_pipeline(*kinds: str, pooling: str = "mean") -> list:
-    mods = []
+class _Pipeline(list):
+    """A sentence-transformers pipeline's modules, and where the model is."""
+
+    device = torch.device("cpu")
+
+
+def fake_pipeline(*kinds: str, pooling: str = "mean", device: str = "cpu") -> list:
+    mods = _Pipeline()
     for k in kinds:
         attrs = {"pooling_mode": pooling} if k == "Pooling" else {"auto_model": object()} if k == "Transformer" else {}
         mods.append(type(k, (), attrs)())
+    mods.device = torch.device(device)
     return mods
 
 
@@ -90,18 +97,18 @@ def test_only_transformer_mean_pooling_pipelines_are_exported():
 
 def test_auto_falls_back_to_torch_and_a_named_runtime_is_refused(monkeypatch):
     glove_like = fake_pipeline("WordEmbeddings", "Pooling")
-    cpu = torch.device("cpu")
-    assert tr.resolve_text_runtime("auto", cpu, glove_like)[0] == "torch"
+    assert tr.resolve_text_runtime("auto", glove_like)[0] == "torch"
     with pytest.raises(RuntimeUnavailable, match="WordEmbeddings"):
-        tr.resolve_text_runtime("openvino", cpu, glove_like)
+        tr.resolve_text_runtime("openvino", glove_like)
     with pytest.raises(RuntimeUnavailable, match="choose one of"):
-        tr.resolve_text_runtime("tensorrt", cpu, glove_like)
+        tr.resolve_text_runtime("tensorrt", glove_like)
     minilm_like = fake_pipeline("Transformer", "Pooling", "Normalize")
-    assert tr.resolve_text_runtime("auto", torch.device("cuda"), minilm_like) == ("torch", "the model runs on cuda")
+    on_gpu = fake_pipeline("Transformer", "Pooling", "Normalize", device="cuda")
+    assert tr.resolve_text_runtime("auto", on_gpu) == ("torch", "the model runs on cuda")
     monkeypatch.setattr(tr, "installed", lambda name: False)
-    assert tr.resolve_text_runtime("auto", cpu, minilm_like)[0] == "torch"
+    assert tr.resolve_text_runtime("auto", minilm_like)[0] == "torch"
     with pytest.raises(RuntimeUnavailable, match="not installed"):
-        tr.resolve_text_runtime("onnxruntime", cpu, minilm_like)
+        tr.resolve_text_runtime("onnxruntime", minilm_like)
 
 
 @pytest.mark.slow
@@ -118,7 +125,7 @@ def test_served_queries_match_the_model_and_are_not_remembered_by_it(runtime):
     enc.attach(entry)
     got = torch.from_numpy(np.stack([enc.encode(entry, t) for t in TEXTS] + [enc.encode(entry, TEXTS[0])]))
     assert text._memory == {}
-    auto = tr.resolve_text_runtime("auto", torch.device("cpu"), text.st)[0]
+    auto = tr.resolve_text_runtime("auto", text.st)[0]
     assert enc.info()["runtimes"]["m"]["runtime"] == ("torch" if runtime in ("torch", "int8") else auto)
     with torch.no_grad():
         ref = text(text.prepare(TEXTS + TEXTS[:1]))

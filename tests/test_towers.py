@@ -31,7 +31,7 @@ def folders(tmp_path_factory):
 def scenes():
     from training.prepare import resolve_dataset_path
 
-    return resolve_dataset_path("", synthetic_images=60, show_progress=False)
+    return resolve_dataset_path("", synthetic_images=60)
 
 
 LAYOUTS = {"siglip": ("siglip", None), "st_clip": ("st_clip", None), "paired": ("clip", "st_text")}

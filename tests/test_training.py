@@ -55,7 +55,7 @@ def test_missing_val_split_fails_at_start(tmp_path):
     p = write_karpathy(tmp_path, 6, splits=["train"] * 6)
     cfg = tiny_config(extra=[f"data.path={p}"])
     with pytest.raises(ConfigError, match="split 'val' .* is empty"):
-        train_run(cfg, tmp_path / "run", show_progress=False)
+        train_run(cfg, tmp_path / "run")
 
 
 @pytest.mark.slow
@@ -106,7 +106,7 @@ def train_until_killed(monkeypatch, cfg, run_dir, when):
 
     monkeypatch.setattr(loop, "save_checkpoint", save_then_die)
     with pytest.raises(Killed):
-        train_run(cfg, run_dir, show_progress=False)
+        train_run(cfg, run_dir)
     monkeypatch.setattr(loop, "save_checkpoint", real_save)
 
 
@@ -116,10 +116,10 @@ def test_resume_gives_identical_next_step_losses(tmp_path, monkeypatch):
 
     extra = ["model.token_dropout=0.2", "model.crops=2", "model.feature_dropout=0.3",
              "train.epochs=3"]  # random choices inside steps
-    full = train_run(tiny_config("constraint", extra), tmp_path / "full", show_progress=False)
+    full = train_run(tiny_config("constraint", extra), tmp_path / "full")
     train_until_killed(monkeypatch, tiny_config("constraint", extra), tmp_path / "part", lambda p: p["epoch"] == 1)
     assert max(r["step"] for r in _rows(tmp_path / "part")) < max(r["step"] for r in _rows(full.run_dir))
-    train_run(tiny_config("constraint", extra), tmp_path / "part", resume=True, show_progress=False)
+    train_run(tiny_config("constraint", extra), tmp_path / "part", resume=True)
     a, b = _rows(full.run_dir), _rows(tmp_path / "part")
     assert [r["step"] for r in a] == [r["step"] for r in b]
     for ra, rb in zip(a, b):
@@ -135,12 +135,12 @@ def test_mid_epoch_checkpoint_resume(tmp_path, monkeypatch):
     from training.checkpoint import load_checkpoint
 
     extra = ["train.checkpoint_every=2", "train.epochs=1"]
-    full = train_run(tiny_config("none", extra), tmp_path / "full", show_progress=False)
+    full = train_run(tiny_config("none", extra), tmp_path / "full")
     steps = _rows(full.run_dir)
     assert len(steps) >= 4
     train_until_killed(monkeypatch, tiny_config("none", extra), tmp_path / "mid", lambda p: p["step_in_epoch"] == 2)
     assert load_checkpoint(tmp_path / "mid" / "checkpoint.pt")["step_in_epoch"] == 2
-    train_run(tiny_config("none", extra), tmp_path / "mid", resume=True, show_progress=False)
+    train_run(tiny_config("none", extra), tmp_path / "mid", resume=True)
     assert [r["step"] for r in _rows(tmp_path / "mid")] == [r["step"] for r in steps]
     assert [r["loss"] for r in _rows(tmp_path / "mid")] == pytest.approx([r["loss"] for r in steps], rel=1e-5)
 
@@ -184,8 +184,8 @@ def test_constraint_and_dual_wiring_in_model(tmp_path, mode):
     beta, eta, lam0, lam_lr = 3.0, 0.5, 2.0, 0.05
     cfg = tiny_config(mode, ["train.epochs=1", f"loss.beta={beta}", f"loss.lambda_init={lam0}",
                              f"loss.lambda_lr={lam_lr}"])
-    data = prepare(cfg, show_progress=False)
-    run = train(cfg, tmp_path / mode, data=data, show_progress=False).run_dir
+    data = prepare(cfg)
+    run = train(cfg, tmp_path / mode, data=data).run_dir
     rows = _rows(run)
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) >= 4
 
@@ -242,7 +242,7 @@ def test_sh_mh_curriculum_switches_after_patience_to_max_of_hinges(tmp_path, mon
     from training.prepare import prepare
 
     cfg = tiny_config("none", ["loss.contrastive=sh_mh", "loss.curriculum_patience=2", "train.epochs=5"])
-    data = prepare(cfg, show_progress=False)
+    data = prepare(cfg)
     rsums = iter([0.0, 10.0, 12.0, 11.0, 11.5, 30.0])  # epochs 0..5: gains at 1 and 2, none at 3 and 4
     real_save = loop.save_checkpoint
 
@@ -252,8 +252,7 @@ def test_sh_mh_curriculum_switches_after_patience_to_max_of_hinges(tmp_path, mon
             real_save(tmp_path / "after_epoch4.pt", payload)
 
     monkeypatch.setattr(loop, "save_checkpoint", keep_switch_checkpoint)
-    run = loop.train(cfg, tmp_path / "run", data=data, validate=lambda m: {"rsum": next(rsums)},
-                     show_progress=False).run_dir
+    run = loop.train(cfg, tmp_path / "run", data=data, validate=lambda m: {"rsum": next(rsums)}).run_dir
     rows = _rows(run)
     assert {e: {r["contrastive"] for r in rows if r["epoch"] == e} for e in range(1, 6)} == {
         1: {"sh"}, 2: {"sh"}, 3: {"sh"}, 4: {"sh"}, 5: {"mh"}}
@@ -281,7 +280,7 @@ def test_itd_and_triplet_and_ifm_runs(tmp_path):
     for extra in (["loss.mode=dual", "loss.decoder=itd", "train.epochs=1"],
                   ["loss.contrastive=triplet", "model.batchnorm=true", "train.epochs=1"],
                   ["loss.contrastive=ifm", "train.epochs=1"]):
-        res = train_run(tiny_config("none", extra), tmp_path / "_".join(extra[0].split(".")), show_progress=False)
+        res = train_run(tiny_config("none", extra), tmp_path / "_".join(extra[0].split(".")))
         rows = _rows(res.run_dir)
         assert np.isfinite([r["loss"] for r in rows]).all()
         if "loss.decoder=itd" in extra:
@@ -295,7 +294,7 @@ def test_model_rebuilds_from_checkpoint_without_glove(tmp_path, monkeypatch):
     from training.checkpoint import model_from_checkpoint
     from training.models import glove
 
-    res = train_run(tiny_config("constraint", ["train.epochs=1"]), tmp_path / "r", show_progress=False)
+    res = train_run(tiny_config("constraint", ["train.epochs=1"]), tmp_path / "r")
     monkeypatch.setattr(glove, "_packaged_index", lambda: (_ for _ in ()).throw(AssertionError("GloVe read")))
     model, vocab, cfg = model_from_checkpoint(res.run_dir / "best.pt")
     emb = model.embed_texts(["a red circle", "a blue square"])
@@ -313,7 +312,7 @@ def test_sbert_caption_encoder_frozen_and_partial(tmp_path, layers):
 
     extra = ["model.text_encoder=sbert", f"model.sbert_train_layers={layers}", "model.image_features=fne",
              "model.image_head=linear", "train.epochs=1"]
-    res = train_run(tiny_config("none", extra), tmp_path / "r", show_progress=False)
+    res = train_run(tiny_config("none", extra), tmp_path / "r")
     ck = torch.load(res.run_dir / "best.pt", weights_only=True)
     assert ("text.st." in ck["excluded_prefixes"]) == (layers == 0)
     assert any(k.startswith("text.st.") for k in ck["model"]) == (layers > 0)
@@ -336,7 +335,7 @@ def test_cpu_bf16_autocast_trains_close_to_fp32(tmp_path, monkeypatch):
     from training.prepare import prepare
 
     cfg32 = tiny_config("constraint", ["train.epochs=1"])
-    data = prepare(cfg32, show_progress=False)
+    data = prepare(cfg32)
     seen = []
     encode = loop.DualEncoder.encode_text
     monkeypatch.setattr(loop.DualEncoder, "encode_text",
@@ -345,7 +344,7 @@ def test_cpu_bf16_autocast_trains_close_to_fp32(tmp_path, monkeypatch):
     for amp in ("fp32", "bf16"):
         seen.clear()
         run = train(tiny_config("constraint", ["train.epochs=1", f"train.cpu_amp={amp}"]), tmp_path / amp,
-                    data=data, show_progress=False).run_dir
+                    data=data).run_dir
         assert seen and set(seen) == {amp == "bf16"}
         rows[amp] = _rows(run)
     a, b = rows["fp32"][0], rows["bf16"][0]
@@ -356,7 +355,7 @@ def test_cpu_bf16_autocast_trains_close_to_fp32(tmp_path, monkeypatch):
     cfg_auto = tiny_config("constraint", ["train.epochs=1", "train.cpu_amp=auto"])
     for native in (False, True):
         monkeypatch.setattr(loop, "cpu_bf16_fast", lambda native=native: native)
-        r = loop.set_up(cfg_auto, data, torch.device("cpu"), tmp_path / f"auto{native}", False)
+        r = loop.set_up(cfg_auto, data, tmp_path / f"auto{native}")
         assert r.autocast_dtype == (torch.bfloat16 if native else None) and not r.scaler.is_enabled()
     with pytest.raises(ConfigError, match="train.cpu_amp='fp16' is not valid"):
         tiny_config(extra=["train.cpu_amp=fp16"])
@@ -373,13 +372,13 @@ def test_train_fraction_keeps_the_captioners_labelled_half():
     from training.prepare import load_dataset, prepare
 
     cfg = tiny_config("constraint", ["data.train_fraction=0.5", "train.seed=3"])
-    full = load_dataset(cfg, show_progress=False).split("train")
-    data = prepare(cfg, show_progress=False)
+    full = load_dataset(cfg).split("train")
+    data = prepare(cfg)
     kept = np.flatnonzero(labelled_mask(len(full.images), 0.5, 3))
     assert [im.index for im in data.train.images] == [full.images[i].index for i in kept]
     assert len(data.train_texts) == len(data.targets) == sum(len(full.image_to_captions[i]) for i in kept)
     assert data.train_texts == [c.raw for c, img in zip(full.captions, full.caption_to_image) if img in set(kept)]
-    other = prepare(tiny_config("none", ["data.train_fraction=0.5", "data.train_subset_seed=4"]), show_progress=False)
+    other = prepare(tiny_config("none", ["data.train_fraction=0.5", "data.train_subset_seed=4"]))
     assert {im.index for im in other.train.images} != {im.index for im in data.train.images}
     with pytest.raises(ConfigError, match="data.train_fraction"):
         tiny_config("none", ["data.train_fraction=0"])
@@ -393,7 +392,7 @@ def test_cuda_amp_dtype_picks_the_autocast_type(tmp_path, monkeypatch):
     from training import loop
     from training.prepare import prepare
 
-    data = prepare(tiny_config("constraint"), show_progress=False)
+    data = prepare(tiny_config("constraint"))
     seen = []
     encode = loop.DualEncoder.encode_text
     monkeypatch.setattr(loop.DualEncoder, "encode_text", lambda self, *a, **k: (
@@ -404,7 +403,7 @@ def test_cuda_amp_dtype_picks_the_autocast_type(tmp_path, monkeypatch):
         cfg = tiny_config("constraint", [f"train.amp_dtype={name}", "train.cpu_amp=fp32"])
         assert loop.autocast_dtype("cuda", cfg.train) == dtype
         assert loop.autocast_dtype("cuda", tiny_config(extra=[f"train.amp_dtype={name}", "train.amp=false"]).train) is None
-        r = loop.set_up(cfg, data, torch.device("cpu"), tmp_path / name, False)
+        r = loop.set_up(cfg, data, tmp_path / name)
         assert r.autocast_dtype is None and not r.scaler.is_enabled()  # AMP is CUDA's only; cpu_amp fp32
         r.autocast_dtype = loop.autocast_dtype("cuda", cfg.train)
         seen.clear()

@@ -72,7 +72,8 @@ def test_shared_gru_states_equal_encoding_every_variant(svc, pool):
 
     from search.attribution import occlusion_variants
     from training.config import ModelConfig
-    from training.models.text_encoder import GRUTextEncoder, move_batch
+    from training.device import to_device
+    from training.models.text_encoder import GRUTextEncoder
 
     src = svc.registry.entries["bl"].model.text
     torch.manual_seed(0)
@@ -81,7 +82,7 @@ def test_shared_gru_states_equal_encoding_every_variant(svc, pool):
 
     def encode(texts):
         with torch.inference_mode():
-            return enc(move_batch(enc.prepare(texts), "cpu")).numpy()
+            return enc(to_device(enc.prepare(texts), "cpu")).numpy()
 
     texts = [t for t in list(svc.registry.entries["bl"].index.captions.meta["texts"]) + TRICKY if occlusion_variants(t)[1]]
     words = [occlusion_variants(t)[0] for t in texts]

@@ -145,8 +145,8 @@ def run_all(out: Path) -> None:
 
         def go(resume=False, cfg=cfg, run=run, opts=opts):
             if "validate" in opts:
-                return train(cfg, run, validate=opts["validate"], resume=resume, show_progress=False)
-            return train_run(cfg, run, resume=resume, show_progress=False)
+                return train(cfg, run, validate=opts["validate"], resume=resume)
+            return train_run(cfg, run, resume=resume)
 
         if "kill" in opts:
             restore = kill_after(opts["kill"])

@@ -33,6 +33,7 @@ from torch.torch_version import TorchVersion
 from training import __version__
 from training.config import Config, config_from_dict, load_config
 from training.data.vocab import Vocab
+from training.device import default_device
 from training.errors import UserError, UserFileNotFound
 from training.fsio import atomic_path, remove_stale_temps
 from training.models.backbones import state_digest
@@ -203,8 +204,8 @@ def zero_shot_checkpoint(clip_path: str | Path, text_path: str | Path | None = N
             "backbone_trained": False, "clip": clip.spec, "zero_shot": True}
 
 
-def model_from_checkpoint(ckpt: dict | str | Path, device: str | torch.device = "cpu") -> tuple[DualEncoder, Vocab, Config]:
-    """Rebuild the model a checkpoint was trained as (eval mode)."""
+def model_from_checkpoint(ckpt: dict | str | Path) -> tuple[DualEncoder, Vocab, Config]:
+    """Rebuild the model a checkpoint was trained as (eval mode), on the process's device (``training.device``)."""
     if not isinstance(ckpt, dict):
         ckpt = load_checkpoint(ckpt)
     cfg = config_from_dict(ckpt["config"])
@@ -225,4 +226,4 @@ def model_from_checkpoint(ckpt: dict | str | Path, device: str | torch.device = 
         model.image.frozen = True  # inference uses the fast frozen path with the fine-tuned weights
         # ... and the feature cache must not answer with the pretrained weights' features
         model.image.backbone.weights_id = f"trained:{state_digest(model.image.backbone)[:16]}"
-    return model.to(device).eval(), vocab, cfg
+    return model.to(default_device()).eval(), vocab, cfg

@@ -37,7 +37,9 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from training.data.global_batches import Shard
+from training.device import default_device
 from training.errors import Unavailable
+from training.progress import set_progress
 
 log = logging.getLogger(__name__)
 
@@ -74,20 +76,22 @@ def current() -> Rank:
 
 
 def backend_for(device: str) -> str:
-    """NCCL when the processes train on CUDA, gloo on the CPU."""
-    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    """NCCL when the processes train on CUDA, gloo on the CPU (``device``: a torch device name or "auto")."""
+    cuda = torch.cuda.is_available() if device == "auto" else torch.device(device).type == "cuda"
     return "nccl" if cuda else "gloo"
 
 
-def init_from_env(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> Rank:
+def init_from_env(timeout_s: float = DEFAULT_TIMEOUT_S) -> Rank:
     """Join the process group the launcher described in the environment (a no-op when it did not, or
-    when the group is up already). On CUDA each process takes the GPU ``LOCAL_RANK``; a collective that
-    waits more than ``timeout_s`` for a peer (one that died or hangs) raises instead of hanging forever."""
+    when the group is up already), with the backend of the process's device (``training.device``). On
+    CUDA each process takes the GPU ``LOCAL_RANK`` (torch's current device: "cuda" in this process is
+    that GPU); a collective that waits more than ``timeout_s`` for a peer (one that died or hangs) raises
+    instead of hanging forever."""
     if not launched() or (dist.is_available() and dist.is_initialized()):
         return current()
     if not dist.is_available():
         raise Unavailable("this PyTorch build has no torch.distributed: train with one process")
-    backend = backend_for(device)
+    backend = backend_for(default_device())
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     kwargs = {}
     if backend == "nccl":
@@ -98,8 +102,9 @@ def init_from_env(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) ->
         kwargs["device_id"] = torch.device("cuda", local_rank)
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
     r = current()
-    if not r.main:  # one voice: the other processes only warn
+    if not r.main:  # one voice: the other processes only warn, and show no progress
         logging.getLogger().setLevel(max(logging.getLogger().level, logging.WARNING))
+        set_progress(False)
     log.info("process group up: %d processes (%s), timeout %.0f s", r.world, backend, timeout_s)
     return r
 
@@ -237,15 +242,16 @@ def _comm_device() -> torch.device:
     return torch.device("cpu")
 
 
-def data_parallel(module: nn.Module, device: torch.device) -> nn.Module:
-    """``module`` under DistributedDataParallel when a process group is up (the module itself otherwise).
+def data_parallel(module: nn.Module) -> nn.Module:
+    """``module`` (on this process's device) under DistributedDataParallel when a process group is up
+    (the module itself otherwise).
 
     ``static_graph``: the set of parameters a step uses is fixed for the life of the wrapper (the loop
     builds a new one when the backbone unfreezes), so DDP learns it in the first step — parameters
     unused by a configuration (a decoder's unused side, a frozen tower's head) need no flag."""
     if not (dist.is_available() and dist.is_initialized()):
         return module
-
+    device = next(module.parameters()).device
     if device.type == "cuda":
         module = nn.SyncBatchNorm.convert_sync_batchnorm(module)  # batch statistics of the global batch
         return DistributedDataParallel(module, device_ids=[device.index if device.index is not None

@@ -11,6 +11,9 @@ apply. ``data.path`` values may also name variables (``$LTD_DATA_DIR/dataset_fli
 """
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -64,3 +67,21 @@ def environment() -> Environment:
 def default_cache_dir(configured: str = "") -> Path:
     """The cache folder: a config's ``cache_dir``, else ``LTD_CACHE_DIR``, else ``~/.cache/ltd``."""
     return Path(configured or environment().cache_dir or Path.home() / ".cache" / "ltd")
+
+
+@contextmanager
+def exported(**values: str) -> Iterator[None]:
+    """``LTD_<NAME>=value`` for each keyword (``exported(progress="off")``) in this process's environment
+    while the block runs, so that the processes started in it inherit them; the earlier values come back
+    after. A setting for child processes: this process reads its own settings elsewhere."""
+    names = {PREFIX + k.upper(): v for k, v in values.items()}
+    before = {n: os.environ.get(n) for n in names}
+    os.environ.update(names)
+    try:
+        yield
+    finally:
+        for n, v in before.items():
+            if v is None:
+                os.environ.pop(n, None)
+            else:
+                os.environ[n] = v

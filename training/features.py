@@ -22,8 +22,9 @@ import numpy as np
 import torch
 
 from training.data.decode_pool import ImageTransform
-from training.data.gpu_decode import decode_key, image_batches, to_device, uses_gpu
+from training.data.gpu_decode import decode_key, image_batches, uses_gpu
 from training.data.members import ImageMember, image_sources
+from training.device import default_device, to_device
 from training.env import default_cache_dir
 from training.errors import Unavailable, UserFileNotFound, UserValueError
 from training.fsio import exclusive, write_json_atomic
@@ -84,25 +85,23 @@ def extract_features(
     cache_dir: str | Path = "",
     n_views: int = 1,
     batch_size: int = 64,
-    device: str | torch.device = "cpu",
     workers: int | None = None,
     transform: ImageTransform | None = None,
     transform_id: str = "",
-    show_progress: bool = True,
     desc: str = "image features",
     draft: bool = False,
 ) -> FeatureStore:
     """Features for every path (cached). Failed images keep zero features and are listed in ``failed``.
-    ``draft``: decode large JPEGs at a reduced scale (``decode_pool``; its own cache entry)."""
+    ``draft``: decode large JPEGs at a reduced scale (``decode_pool``; its own cache entry). The backbone
+    runs on the process's device (``training.device``)."""
     if n_views not in (1, 2, 10):
         raise ValueError(f"n_views must be 1, 2 or 10, got {n_views}")
     paths = image_sources(paths)
-    key = cache_key(backbone.cache_key(), paths, n_views, transform_id, draft, uses_gpu(device, transform))
+    key = cache_key(backbone.cache_key(), paths, n_views, transform_id, draft, uses_gpu(transform))
     root = default_cache_dir(str(cache_dir)) / "features" / key
     root.mkdir(parents=True, exist_ok=True)
     with exclusive(root / ".lock", f"the features in {root}"):
-        _extract_into(root, backbone, paths, n_views, batch_size, device, workers, transform, transform_id,
-                      show_progress, desc, draft)
+        _extract_into(root, backbone, paths, n_views, batch_size, workers, transform, transform_id, desc, draft)
     failed_path = root / "failed.json"
     failed = {int(k): v for k, v in json.loads(failed_path.read_text()).items()} if failed_path.exists() else {}
     if failed:
@@ -111,8 +110,8 @@ def extract_features(
                         path=root)
 
 
-def _extract_into(root: Path, backbone: Backbone, paths: list[Path], n_views: int, batch_size: int, device,
-                  workers: int | None, transform: ImageTransform | None, transform_id: str, show_progress: bool,
+def _extract_into(root: Path, backbone: Backbone, paths: list[Path], n_views: int, batch_size: int,
+                  workers: int | None, transform: ImageTransform | None, transform_id: str,
                   desc: str, draft: bool) -> None:
     """Fill ``root``'s memmaps for every image still marked TODO (all of them in a new folder)."""
     fpath, spath = root / "features.npy", root / "status.npy"
@@ -130,7 +129,7 @@ def _extract_into(root: Path, backbone: Backbone, paths: list[Path], n_views: in
         os.replace(fpath.with_suffix(".tmp.npy"), fpath)
         os.replace(spath.with_suffix(".tmp.npy"), spath)
         write_json_atomic(root / "meta.json", {"backbone": backbone.cache_key(), "views": n_views,
-                                               **decode_key(draft, uses_gpu(device, transform)),
+                                               **decode_key(draft, uses_gpu(transform)),
                                                "transform": transform_id, "n_images": n, "dim": dim})
     failed_path = root / "failed.json"
     failed = {int(k): v for k, v in json.loads(failed_path.read_text()).items()} if failed_path.exists() else {}
@@ -138,11 +137,11 @@ def _extract_into(root: Path, backbone: Backbone, paths: list[Path], n_views: in
     if len(todo):
         if len(todo) < n:
             log.info("resuming feature extraction: %d of %d images left", len(todo), n)
-        device = torch.device(device)
+        device = torch.device(default_device())
         backbone.to(device).eval()
-        batches = image_batches(paths, todo, backbone.preprocess, device=device, n_views=n_views,
+        batches = image_batches(paths, todo, backbone.preprocess, n_views=n_views,
                                 batch_size=batch_size, workers=workers, transform=transform, draft=draft)
-        bar = progress(n, initial=n - len(todo), desc=desc, unit="img", disable=not show_progress)
+        bar = progress(n, initial=n - len(todo), desc=desc, unit="img")
         for idx, x, bad in batches:
             if x is not None:
                 out = backbone.extract(to_device(x, device)).reshape(len(idx), n_views, -1)

@@ -40,14 +40,15 @@ from training.checkpoint import (
 from training.config import Config, dump_config
 from training.data.global_batches import epoch_batches
 from training.data.image_batches import AugmentedImageBatches
-from training.errors import Unavailable, UserFileExists, UserValueError
+from training.device import default_device, pick_device, to_device, using_device
+from training.errors import UserFileExists, UserValueError
 from training.losses.objective import TrainingObjective
 from training.metrics_log import MetricsLog
 from training.models.backbones import cpu_bf16_fast
 from training.models.dual_encoder import DualEncoder, StepEncoders, build_model
-from training.models.text_encoder import move_batch, take_rows
+from training.models.text_encoder import take_rows
 from training.prepare import TrainingData, prepare
-from training.progress import progress
+from training.progress import progress, set_progress
 
 log = logging.getLogger(__name__)
 
@@ -64,22 +65,29 @@ class RunResult:
 
 
 def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None, resume: bool = False,
-          data: TrainingData | None = None, show_progress: bool = True) -> RunResult:
+          data: TrainingData | None = None) -> RunResult:
     """Train ``cfg`` into ``run_dir``: checkpoint.pt (resumable), best.pt (best val rsum), metrics.jsonl,
     config.yaml and, with a λ, lambda_trace.npz. ``validate(model) -> {"rsum": …}`` scores a model on
     the val split (None: every epoch counts as the best); ``data`` is :func:`prepare`'s result when
-    the caller has it already; ``resume`` continues the run that ``run_dir`` holds."""
+    the caller has it already; ``resume`` continues the run that ``run_dir`` holds. It runs on
+    ``train.device``: the process's device while it runs (``training.device``)."""
+    with using_device(pick_device(cfg.train.device)):
+        return _train(cfg, Path(run_dir), validate, resume, data)
+
+
+def _train(cfg: Config, run_dir: Path, validate: Validator | None, resume: bool,
+           data: TrainingData | None) -> RunResult:
     t_start, tc, rank = time.time(), cfg.train, distributed.current()
-    device = pick_device(tc.device)
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
-    run_dir, show_progress = Path(run_dir), show_progress and rank.main
+    if not rank.main:  # one voice: the main process shows the progress
+        set_progress(False)
     ckpt = open_run_dir(run_dir, resume)  # every process reads the checkpoint (the run folder is shared)
 
     # ---- data, model, objective, optimiser -------------------------------------------------------
     random.seed(tc.seed), np.random.seed(tc.seed), torch.manual_seed(tc.seed)
-    data = data or prepare(cfg, show_progress=show_progress, device=str(device))
-    r = set_up(cfg, data, device, run_dir, show_progress)
+    data = data or prepare(cfg)
+    r = set_up(cfg, data, run_dir)
 
     # ---- resume ----------------------------------------------------------------------------------
     if ckpt is not None:
@@ -87,7 +95,7 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
         r.objective.load_checkpoint_state(ckpt)
         log.info("resumed %s at epoch %d step %d", run_dir, r.at.epoch, r.at.step)
     distributed.check_same_step(r.at.step)
-    r.encoders = distributed.data_parallel(StepEncoders(r.model), device)
+    r.encoders = distributed.data_parallel(StepEncoders(r.model))
     if rank.main:
         dump_config(cfg, run_dir / "config.yaml")
     r.mlog = MetricsLog(run_dir / "metrics.jsonl" if rank.main else None,
@@ -103,7 +111,7 @@ def train(cfg: Config, run_dir: str | Path, *, validate: Validator | None = None
         batches = epoch_batches(tc.seed, epoch, len(data.train_texts), tc.batch_size, rank.world)
         swa_model = AveragedModel(r.model, use_buffers=True) if tc.swa else None
         t_epoch = time.time()
-        sums, n_steps = run_epoch(r, epoch, batches, swa_model, show_progress)
+        sums, n_steps = run_epoch(r, epoch, batches, swa_model)
         secs = time.time() - t_epoch
         r.mlog.write(type="epoch", epoch=epoch + 1, step=r.at.step, seconds=secs,
                      **{f"mean_{k}": v / max(1, n_steps) for k, v in sums.items() if v})
@@ -166,15 +174,16 @@ def open_run_dir(run_dir: Path, resume: bool, load: Callable[[Path], dict] = loa
     return ckpt
 
 
-def set_up(cfg: Config, data: TrainingData, device: torch.device, run_dir: Path, show_progress: bool) -> Run:
-    """Model (seeded), its data-fitted parts, the objective, optimiser, LR schedule and AMP scaler."""
-    tc, oc = cfg.train, cfg.optim
+def set_up(cfg: Config, data: TrainingData, run_dir: Path) -> Run:
+    """Model (seeded, on the process's device), its data-fitted parts, the objective, optimiser, LR
+    schedule and AMP scaler."""
+    tc, oc, device = cfg.train, cfg.optim, torch.device(default_device())
     target_dim = int(data.targets.shape[1]) if data.targets is not None else 0
     torch.manual_seed(tc.seed)
     model = build_model(cfg, data.vocab, feat_dim=data.feat_dim, region_dim=data.region_dim, target_dim=target_dim,
                         word_embeddings=data.word_embeddings, backbone=data.backbone, clip=data.clip).to(device)
     train_img = data.train_image_index
-    fit_to_training_data(model, data, train_img, cfg, show_progress)
+    fit_to_training_data(model, data, train_img, cfg)
     if tc.init_from:  # after fitting: a pretrained model keeps its own statistics (FNE standardisation)
         init_from_checkpoint(model, tc.init_from)
     optimizer, backbone_params = build_optimizer(model, cfg)
@@ -207,8 +216,7 @@ def autocast_dtype(device_type: str, tc) -> torch.dtype | None:
     return None
 
 
-def fit_to_training_data(model: DualEncoder, data: TrainingData, train_img: np.ndarray, cfg: Config,
-                         show_progress: bool) -> None:
+def fit_to_training_data(model: DualEncoder, data: TrainingData, train_img: np.ndarray, cfg: Config) -> None:
     """What the model takes from its training data before the first step (no gradient involved)."""
     if model.image.fne is not None:  # FNE: standardisation statistics of the training images
         model.image.fne.fit(data.image_feats[np.unique(train_img)].mean(1))
@@ -216,7 +224,7 @@ def fit_to_training_data(model: DualEncoder, data: TrainingData, train_img: np.n
         # A frozen sentence encoder: embed every training caption once (disk-cached, like the val and
         # test captions later; shared with the LTD targets when texts, model and truncation agree), so
         # each step runs the projection head only.
-        model.text.embed_corpus(data.train_texts, show_progress=show_progress)
+        model.text.embed_corpus(data.train_texts)
 
 
 def build_optimizer(model: DualEncoder, cfg: Config) -> tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]:
@@ -231,14 +239,6 @@ def build_optimizer(model: DualEncoder, cfg: Config) -> tuple[torch.optim.Optimi
     opt_cls = torch.optim.AdamW if oc.optimizer == "adamw" else torch.optim.Adam
     # fused=True: one kernel for all parameters (3x faster optimiser steps on CPU than the default)
     return opt_cls(groups, lr=oc.lr, weight_decay=oc.weight_decay, fused=True), backbone_params
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise Unavailable("train.device=cuda but no CUDA device is available")
-    return torch.device(name)
 
 
 def lr_lambda(warmup: int, total: int, schedule: str, min_ratio: float) -> Callable[[int], float]:
@@ -262,7 +262,7 @@ def unfreeze_backbone_if_due(r: Run, epoch: int) -> None:
         r.model.image.frozen = False
         for p in r.backbone_params:
             p.requires_grad_(True)
-        r.encoders = distributed.data_parallel(StepEncoders(r.model), r.device)  # DDP's parameter set is fixed
+        r.encoders = distributed.data_parallel(StepEncoders(r.model))  # DDP's parameter set is fixed
 
 
 def image_batches(r: Run, epoch: int, batches: list[np.ndarray]) -> Iterator[torch.Tensor] | None:
@@ -279,8 +279,8 @@ def image_batches(r: Run, epoch: int, batches: list[np.ndarray]) -> Iterator[tor
     return iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, prefetch_factor=2))
 
 
-def run_epoch(r: Run, epoch: int, batches: list[np.ndarray], swa_model: AveragedModel | None,
-              show_progress: bool) -> tuple[dict[str, float], int]:
+def run_epoch(r: Run, epoch: int, batches: list[np.ndarray],
+              swa_model: AveragedModel | None) -> tuple[dict[str, float], int]:
     """The steps of one epoch from ``r.at.step_in_epoch`` on; returns the sums of the loss terms and
     the number of steps taken. Logs every ``log_every`` steps, checkpoints every ``checkpoint_every``."""
     tc = r.cfg.train
@@ -289,7 +289,7 @@ def run_epoch(r: Run, epoch: int, batches: list[np.ndarray], swa_model: Averaged
         swa_at = set(np.round(np.linspace(0.9 * len(batches), len(batches) - 1, 5)).astype(int).tolist())
     images = image_batches(r, epoch, batches)
     bar = progress(len(batches), initial=r.at.step_in_epoch, desc=f"epoch {epoch + 1}/{tc.epochs}", unit="step",
-                   disable=not show_progress, leave=False)
+                   leave=False)
     sums, n_steps = {"loss": 0.0, "l_con": 0.0, "l_rec": 0.0}, 0
     for s in range(r.at.step_in_epoch, len(batches)):
         step_seed = int(np.random.default_rng([tc.seed, epoch, s]).integers(2**62))
@@ -336,7 +336,7 @@ def train_step(r: Run, idx: np.ndarray, gen: torch.Generator,
             feats = f.to(device, non_blocking=True)
         texts = [data.train_texts[i] for i in idx]
         tokens = take_rows(model.text.prepare(texts, train=True, generator=gen), rows, n)
-        img_emb, txt_emb = r.encoders(pixels, feats, move_batch(tokens, device))
+        img_emb, txt_emb = r.encoders(pixels, feats, to_device(tokens, device))
         out = r.objective(img_emb, txt_emb, image_ids=img_ids.to(device), decoder=model.decoder,
                           captions=texts[rows], targets=data.targets[idx[rows]] if data.targets is not None else None,
                           shard=shard)

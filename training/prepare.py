@@ -34,23 +34,23 @@ from training.targets import compute_targets, model_identity, resolve_sentence_m
 log = logging.getLogger(__name__)
 
 
-def resolve_dataset_path(path: str, *, cache_dir: str = "", synthetic_images: int = 3000, synthetic_seed: int = 0,
-                         show_progress: bool = True) -> Path:
+def resolve_dataset_path(path: str, *, cache_dir: str = "", synthetic_images: int = 3000,
+                         synthetic_seed: int = 0) -> Path:
     """``data.path`` → a dataset path (``training/data/formats.py``). ``$VARS`` are expanded; "" or
     "synthetic" means the embedded synthetic scenes (generated into the cache on first use)."""
     if path in ("", "synthetic"):
         out = default_cache_dir(cache_dir) / "synthetic" / f"n{synthetic_images}_s{synthetic_seed}"
-        return generate_synthetic(out, n_images=synthetic_images, seed=synthetic_seed, show_progress=show_progress)
+        return generate_synthetic(out, n_images=synthetic_images, seed=synthetic_seed)
     expanded = os.path.expandvars(os.path.expanduser(path))
     if "$" in expanded:
         raise ConfigError(f"data.path={path!r}: environment variable not set (e.g. export LTD_DATA_DIR=/path/to/flickr8k)")
     return Path(expanded)
 
 
-def load_dataset(cfg: Config, show_progress: bool = True) -> Dataset:
+def load_dataset(cfg: Config) -> Dataset:
     d = cfg.data
     p = resolve_dataset_path(d.path, cache_dir=d.cache_dir, synthetic_images=d.synthetic_images,
-                             synthetic_seed=d.synthetic_seed, show_progress=show_progress)
+                             synthetic_seed=d.synthetic_seed)
     return read_dataset(p, images_root=d.images_root or None, drop_missing=d.drop_missing, columns=d.columns)
 
 
@@ -89,25 +89,25 @@ def _drop_failed(split: Split, failed: dict[int, str]) -> Split:
     return split.keep_images(keep)
 
 
-def image_features(cfg: Config, ds: Dataset, backbone: Backbone | None, *, transform=None, transform_id: str = "",
-                   show_progress: bool = True, device: str = "cpu") -> tuple[FeatureStore, int]:
+def image_features(cfg: Config, ds: Dataset, backbone: Backbone | None, *, transform=None,
+                   transform_id: str = "") -> tuple[FeatureStore, int]:
     """The dataset's cached (or precomputed) image features, and the channels per region of precomputed
-    regions (0 otherwise)."""
+    regions (0 otherwise); extracted on the process's device (``training.device``)."""
     m = cfg.model
     if m.backbone == "precomputed":
-        store, region_dim = read_precomputed(m, ds, cache_dir=cfg.data.cache_dir, show_progress=show_progress)
+        store, region_dim = read_precomputed(m, ds, cache_dir=cfg.data.cache_dir)
         if region_dim and m.region_dim not in (0, region_dim):
             raise ConfigError(f"model.region_dim={m.region_dim} but {m.precomputed_path} has {region_dim} channels "
                               "per region (boxes add 5)")
         return store, region_dim
     assert backbone is not None
     return extract_features(backbone, [im.path for im in ds.images], cache_dir=cfg.data.cache_dir, n_views=m.crops,
-                            transform=transform, transform_id=transform_id, show_progress=show_progress,
-                            device=device, desc=f"{ds.name} image features ({backbone.name}, {m.crops} view)"), 0
+                            transform=transform, transform_id=transform_id,
+                            desc=f"{ds.name} image features ({backbone.name}, {m.crops} view)"), 0
 
 
-def prepare(cfg: Config, *, show_progress: bool = True, device: str = "cpu") -> TrainingData:
-    ds = load_dataset(cfg, show_progress)
+def prepare(cfg: Config) -> TrainingData:
+    ds = load_dataset(cfg)
     try:
         train, val = ds.split("train"), ds.split(cfg.data.val_split)
     except DatasetError as e:
@@ -127,8 +127,7 @@ def prepare(cfg: Config, *, show_progress: bool = True, device: str = "cpu") -> 
     elif m.backbone != "precomputed":
         backbone = build_backbone(m.backbone, features=m.image_features, image_size=m.image_size,
                                   weights=m.backbone_weights, resize=m.resize)
-    store, region_dim = image_features(cfg, ds, backbone, transform=sc.image_transform, transform_id=sc.transform_id,
-                           show_progress=show_progress, device=device)
+    store, region_dim = image_features(cfg, ds, backbone, transform=sc.image_transform, transform_id=sc.transform_id)
     train, val = _drop_failed(train, store.failed), _drop_failed(val, store.failed)
     # Region rows are wide (Flickr8k grid cells: 8,000 × 49 × 1280): kept as float16 (half the memory of
     # float32; the region encoders compute in float32), the rest as float32 like before.
@@ -148,7 +147,7 @@ def prepare(cfg: Config, *, show_progress: bool = True, device: str = "cpu") -> 
         # Targets encode the caption as written, without the synthetic shortcut digits: the decoder
         # must recover the caption's content, not the shortcut.
         targets = torch.from_numpy(compute_targets([c.raw for c in train.captions], target_model,
-                                                   cache_dir=cfg.data.cache_dir, show_progress=show_progress))
+                                                   cache_dir=cfg.data.cache_dir))
         if needs.ltd_targets == "shuffled":
             targets = shuffled_targets(targets, cfg.train.seed)
         elif needs.ltd_targets == "same_image":

@@ -9,22 +9,73 @@ pipe) one log line every ``interval`` seconds and one at the end, instead of hun
 ``LTD_PROGRESS=bar|log|off`` overrides the choice (``log`` also takes ``LTD_PROGRESS_INTERVAL`` seconds).
 ``pace=False`` leaves out the counter's own rate and time left, for a caller that knows better (runs
 that go several at a time finish in bursts) and puts its own estimate in the postfix.
+
+Whether progress is shown at all is a display setting of the whole process, read here, not a
+parameter handed down the call stack: ``set_progress(False)`` turns it off (a data-parallel rank other
+than the main one does, ``training.distributed``), and ``with quiet():`` turns it off for a block and
+restores it after (blocks nest; a grid job, a training run's validation). It is module state behind a
+lock, not a context variable, so worker threads see it: a quiet block silences the counters every
+thread starts while it lasts (counters already running go on). Child processes (data-parallel ranks,
+grid jobs, local Ray workers) do not share it; they inherit the environment, and ``LTD_PROGRESS=off``
+there is read here like any other value: ``quiet_everywhere()`` sets both for its block, which is what
+``--no-progress`` does for the whole command (``app.cli.parser``).
 """
 from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from tqdm.auto import tqdm
 
-from training.env import environment
+from training.env import environment, exported
 
 log = logging.getLogger("ltd.progress")
 
 
-def _mode(disable: bool) -> str:
-    if disable:
+_lock = threading.Lock()
+_enabled = True  # set_progress
+_quiet = 0  # open quiet() blocks, every thread's
+
+
+def progress_enabled() -> bool:
+    """Whether progress is shown now: not turned off by ``set_progress`` or an open ``quiet()`` block."""
+    with _lock:
+        return _enabled and not _quiet
+
+
+def set_progress(enabled: bool) -> None:
+    """Show progress (the default) or not, for the whole process."""
+    global _enabled
+    with _lock:
+        _enabled = enabled
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """No progress output while the block runs (in any thread); the setting comes back after it."""
+    global _quiet
+    with _lock:
+        _quiet += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _quiet -= 1
+
+
+@contextmanager
+def quiet_everywhere() -> Iterator[None]:
+    """``quiet()`` here, and ``LTD_PROGRESS=off`` for the processes started in the block (``--no-progress``)."""
+    with quiet(), exported(progress="off"):
+        yield
+
+
+def _mode() -> str:
+    if not progress_enabled():
         return "off"
     return environment().progress or ("bar" if sys.stderr.isatty() else "log")
 
@@ -91,15 +142,16 @@ class _Off(LogProgress):
         self.closed = True
 
 
-def bars(show: bool) -> bool:
+def bars() -> bool:
     """Whether a library's own tqdm bar (sentence-transformers' encode, …) should be shown."""
-    return _mode(not show) == "bar"
+    return _mode() == "bar"
 
 
 def progress(total: int | None = None, *, desc: str = "", unit: str = "it", initial: int = 0, disable: bool = False,
              leave: bool = True, pace: bool = True):
-    """A progress counter (see the module doc): tqdm on a terminal, periodic log lines otherwise."""
-    mode = _mode(disable)
+    """A progress counter (see the module doc): tqdm on a terminal, periodic log lines otherwise.
+    ``disable`` turns this one off (a counter too short to be worth a line), whatever the setting."""
+    mode = "off" if disable else _mode()
     if mode == "bar":
         fmt = None if pace else "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
         return tqdm(total=total, initial=initial, desc=desc, unit=unit, leave=leave, bar_format=fmt)

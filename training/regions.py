@@ -171,8 +171,7 @@ class _Source:
 
 
 def load_region_features(path: str | Path, ids: Sequence[int], filenames: Sequence[str], splits: Sequence[str], *,
-                         boxes: bool = True, cache_dir: str | Path = "",
-                         show_progress: bool = True) -> tuple[FeatureStore, int]:
+                         boxes: bool = True, cache_dir: str | Path = "") -> tuple[FeatureStore, int]:
     """The dataset's region features as a FeatureStore of (N, 1, R·C') float16 rows, and C' (channels per
     region, + 5 with boxes). ``ids``, ``filenames``, ``splits``: the dataset's images, in its order."""
     path = Path(os.path.expandvars(os.path.expanduser(str(path))))
@@ -185,13 +184,13 @@ def load_region_features(path: str | Path, ids: Sequence[int], filenames: Sequen
     root = default_cache_dir(str(cache_dir)) / "features" / src.key(ids)
     fpath, meta = root / "features.npy", root / "meta.json"
     if not (fpath.is_file() and meta.is_file()):
-        _assemble(src, root, show_progress)
+        _assemble(src, root)
     info = json.loads(meta.read_text())
     feats = np.load(fpath, mmap_mode="r")
     return FeatureStore(features=feats, key=root.name, path=root), int(info["region_dim"])
 
 
-def _assemble(src: _Source, root: Path, show_progress: bool) -> None:
+def _assemble(src: _Source, root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(root)
     first = np.asarray(src.read(0))
@@ -201,7 +200,7 @@ def _assemble(src: _Source, root: Path, show_progress: bool) -> None:
     tmp = temp_name(root / "features.npy")
     out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=(src.n, 1, shape[0] * shape[1]))
     try:
-        bar = progress(src.n, desc=f"region features ({src.path.name})", unit="img", disable=not show_progress)
+        bar = progress(src.n, desc=f"region features ({src.path.name})", unit="img")
         for i in range(src.n):
             a = np.asarray(src.read(i))
             if a.shape != shape:
@@ -221,7 +220,7 @@ def _assemble(src: _Source, root: Path, show_progress: bool) -> None:
     log.info("region features: %d images × %d regions × %d → %s", src.n, shape[0], shape[1], root)
 
 
-def read_precomputed(m, ds, *, cache_dir: str = "", show_progress: bool = True) -> tuple[FeatureStore, int]:
+def read_precomputed(m, ds, *, cache_dir: str = "") -> tuple[FeatureStore, int]:
     """``model.backbone=precomputed`` features of the dataset ``ds`` for the model config ``m``: region
     rows for the region encoders (and the channels per region), else ``load_precomputed``'s (N, V, D)
     features (and 0)."""
@@ -229,4 +228,4 @@ def read_precomputed(m, ds, *, cache_dir: str = "", show_progress: bool = True) 
     if m.image_encoder == "head":
         return load_precomputed(m.precomputed_path, ids, names), 0
     return load_region_features(m.precomputed_path, ids, names, [im.split for im in ds.images],
-                                boxes=m.region_boxes, cache_dir=cache_dir, show_progress=show_progress)
+                                boxes=m.region_boxes, cache_dir=cache_dir)

@@ -59,14 +59,16 @@ def model_identity(path: Path) -> dict:
     return {"name": path.name, "files": [[str(f.relative_to(path)), f.stat().st_size] for f in files]}
 
 
-def load_sentence_model(path: str = "", device: str = "cpu"):
+def load_sentence_model(path: str = ""):
+    """The sentence-transformers model at ``path`` (resolved by ``resolve_sentence_model``), on the CPU: a
+    frozen caption encoder's copy moves with the model it is part of, and targets are computed there."""
     set_hf_environment()  # before the import: lazy, since sentence_transformers takes ~5 s to import (it loads transformers)
     from sentence_transformers import SentenceTransformer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a weight-loading bar per model load is noise, not progress
 
-    return SentenceTransformer(str(resolve_sentence_model(path)), device=device)
+    return SentenceTransformer(str(resolve_sentence_model(path)), device="cpu")
 
 
 def compute_targets(
@@ -75,15 +77,14 @@ def compute_targets(
     *,
     cache_dir: str = "",
     batch_size: int = 64,
-    device: str = "cpu",
-    show_progress: bool = True,
     model=None,
     max_seq_length: int | None = None,
 ) -> np.ndarray:
     """(len(texts), D) float32 target embeddings (cached). ``model``: the sentence model already loaded
     from ``model_path`` (a frozen caption encoder's), used on a cache miss instead of loading it again;
     ``max_seq_length``: the word-piece truncation it runs with (part of the cache key: a frozen caption
-    encoder truncates shorter than the model's default)."""
+    encoder truncates shorter than the model's default). It computes where the model is (the CPU for
+    one loaded here)."""
     path = resolve_sentence_model(model_path)
     identity = model_identity(path)
     if max_seq_length:
@@ -100,23 +101,23 @@ def compute_targets(
             arr = np.load(out)
             if arr.shape[0] == len(texts):
                 return arr
-        return _compute(texts, path, model_path, out, batch_size, device, show_progress, model, max_seq_length)
+        return _compute(texts, path, model_path, out, batch_size, model, max_seq_length)
 
 
-def _compute(texts: Sequence[str], path: Path, model_path: str, out: Path, batch_size: int, device: str,
-             show_progress: bool, model=None, max_seq_length: int | None = None) -> np.ndarray:
+def _compute(texts: Sequence[str], path: Path, model_path: str, out: Path, batch_size: int, model=None,
+             max_seq_length: int | None = None) -> np.ndarray:
     if model is None:
-        model = load_sentence_model(model_path, device)
+        model = load_sentence_model(model_path)
         if max_seq_length:
             model.max_seq_length = min(model.max_seq_length, int(max_seq_length))
     elif max_seq_length and model.max_seq_length != max_seq_length:
         raise UserValueError(f"the model truncates at {model.max_seq_length} word pieces, not {max_seq_length}")
     # bf16 autocast doubles CPU throughput on CPUs with native bf16 (cosine to fp32 > 0.9999).
-    ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if device == "cpu" and cpu_bf16_fast()
+    ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if model.device.type == "cpu" and cpu_bf16_fast()
            else torch.autocast("cpu", enabled=False))
     with ctx:
         emb = model.encode(list(texts), batch_size=batch_size, convert_to_numpy=True,
-                           show_progress_bar=bars(show_progress), normalize_embeddings=False)
+                           show_progress_bar=bars(), normalize_embeddings=False)
     emb = np.asarray(emb, dtype=np.float32)
     empty = ~np.isfinite(emb).all(axis=1)  # max pooling over no known word (glove-randlstm) gives -inf
     if empty.any():

@@ -91,10 +91,11 @@ def cmd_caption_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / name
     from app.launch import data_parallel_command
     from training.captioning.loop import train_captioner
+    from training.device import using_device
 
     worker = worker_args(args, ["caption", "train"], out, ["--retrieval", args.retrieval] if args.retrieval else [])
-    code, res = data_parallel_command(args, cfg.train.device, worker, lambda: train_captioner(
-        cfg, out, resume=args.resume, show_progress=not args.no_progress))
+    with using_device(cfg.train.device):  # what the launcher checks and the process group's backend
+        code, res = data_parallel_command(args, worker, lambda: train_captioner(cfg, out, resume=args.resume))
     if res is not None:
         print(json.dumps({"run_dir": str(res.run_dir), "best_val_cider": round(res.best_cider, 2),
                           "best_epoch": res.best_epoch, "seconds": round(res.seconds, 1),
@@ -115,7 +116,7 @@ def cmd_caption_eval(args: argparse.Namespace) -> int:
     report, captions = evaluate_captioner(args.checkpoint, dataset=args.dataset, split=args.split,
                                           retrieval=args.retrieval, beam=args.beam,
                                           meteor=False if args.no_meteor else None, max_images=args.max_images,
-                                          judges=judges, show_progress=not args.no_progress,
+                                          judges=judges,
                                           allow_unk=args.allow_unk)
     out = Path(args.out) if args.out else Path(args.checkpoint).parent / f"eval_{args.split}"
     jp, mp = write_caption_report(out, report, captions)
@@ -130,7 +131,7 @@ def _image_files(folder: str) -> list[Path]:
     return image_files(Path(folder))
 
 
-def _folder_rows(model, vocab, ccfg, files: list[Path], beam: int, progress: bool, allow_unk: bool = False):
+def _folder_rows(model, vocab, ccfg, files: list[Path], beam: int, allow_unk: bool = False):
     """Captions for image files: grid features through the frozen backbone, no cache (a user's folder)."""
     import torch
     from tqdm.auto import tqdm
@@ -138,9 +139,10 @@ def _folder_rows(model, vocab, ccfg, files: list[Path], beam: int, progress: boo
     from training.captioning.inference import decode_regions
     from training.data.images import ImageError, load_image
     from training.models.backbones import EfficientNetLite0, grid_regions
+    from training.progress import progress_enabled
 
     backbone = EfficientNetLite0("grid", image_size=ccfg.data.image_size)
-    for i in tqdm(range(0, len(files), 16), desc="captions", unit="batch", disable=not progress):
+    for i in tqdm(range(0, len(files), 16), desc="captions", unit="batch", disable=not progress_enabled()):
         ok, imgs = [], []
         for f in files[i : i + 16]:
             try:
@@ -164,11 +166,10 @@ def _split_rows(model, vocab, ccfg, ckpt, args):
 
     ds = dataset_of(ckpt, args.dataset)
     sp = ds.split(args.split)
-    store = grid_store(ds, ccfg.data.image_size, ccfg.data.cache_dir, show_progress=not args.no_progress)
+    store = grid_store(ds, ccfg.data.image_size, ccfg.data.cache_dir)
     images = [im for im in sp.images if im.index not in store.failed][: args.max_images or None]
     rows = np.array([im.index for im in images], dtype=np.int64)
-    caps = caption_rows(model, vocab, rows, lambda r: regions(store, r), beam=args.beam,
-                        show_progress=not args.no_progress, allow_unk=args.allow_unk)
+    caps = caption_rows(model, vocab, rows, lambda r: regions(store, r), beam=args.beam, allow_unk=args.allow_unk)
     for im, c in zip(images, caps):
         yield {"image_id": im.id, "filename": im.filename, "caption": c}
 
@@ -181,7 +182,8 @@ def cmd_caption_generate(args: argparse.Namespace) -> int:
 
     ckpt = load_caption_checkpoint(args.checkpoint)
     model, vocab, ccfg = captioner_from_checkpoint(ckpt)
-    rows = (_folder_rows(model, vocab, ccfg, files, args.beam, not args.no_progress, args.allow_unk) if files is not None
+    rows = (_folder_rows(model, vocab, ccfg, files, args.beam, args.allow_unk)
+ if files is not None
             else _split_rows(model, vocab, ccfg, ckpt, args))
     lines = [json.dumps(r) for r in rows]
     if args.out:

@@ -89,7 +89,7 @@ def _words(svc, a: str, b: str, args: argparse.Namespace):
     from training.plots import save_png
 
     t0 = time.perf_counter()
-    u = svc.explainer.word_usage(a, b, min_count=args.min_count, show_progress=not args.no_progress)
+    u = svc.explainer.word_usage(a, b, min_count=args.min_count)
     log.info("word usage of %s and %s: %.1f s (%d occurrences in %d captions)", a, b, time.perf_counter() - t0,
              u.occurrences, u.captions)
     print(usage_markdown(u, top=args.top))

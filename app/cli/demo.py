@@ -108,7 +108,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from training.prepare import resolve_dataset_path
 
     t0 = time.time()
-    progress = not args.no_progress
     if not args.no_serve:  # refuse an accidental exposure now, not after the training
         from app.api.settings import load_settings
 
@@ -119,7 +118,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cfgs = {n: load_config(p, [f"data.path={data_path}", *args.set]) for n, p in names.items()}
     json_path = resolve_dataset_path(data_path, cache_dir=cfgs["bl"].data.cache_dir,
                                      synthetic_images=cfgs["bl"].data.synthetic_images,
-                                     synthetic_seed=cfgs["bl"].data.synthetic_seed, show_progress=progress)
+                                     synthetic_seed=cfgs["bl"].data.synthetic_seed)
     root = Path(args.out) / (json_path.stem.replace("dataset_", "") + ("_svl" if kind == "synthetic_svl" else ""))
     print(f"demo: dataset {json_path} → {root} (baseline {names['bl']}, LTD {names['ltd']})", flush=True)
     shortcut = cfgs["bl"].data.shortcuts
@@ -127,15 +126,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for name, cfg in cfgs.items():
         print(f"[{name}] training ({describe_loss(cfg.loss)['mode']}, {cfg.train.epochs} epochs, batch {cfg.train.batch_size}"
               + (f", shortcuts {shortcut} in training" if shortcut != "none" else "") + ")", flush=True)
-        best = bests[name] = ensure_trained(cfg, root / "runs" / name, show_progress=progress)
+        best = bests[name] = ensure_trained(cfg, root / "runs" / name)
         print(f"[{name}] indexing and evaluating the test split" + (" without and with the shortcut" if shortcut != "none"
                                                                     else ""), flush=True)
-        ix = ensure_indexed(best, json_path, "test", root / "indexes" / name, show_progress=progress)
-        reports[name], indexes[name] = ensure_evaluated(ix, show_progress=progress), ix
+        ix = ensure_indexed(best, json_path, "test", root / "indexes" / name)
+        reports[name], indexes[name] = ensure_evaluated(ix), ix
         if shortcut != "none":
-            ix_sc = ensure_indexed(best, json_path, "test", root / "indexes" / f"{name}_shortcut", shortcuts=shortcut,
-                                   show_progress=progress)
-            with_shortcut[name] = ensure_evaluated(ix_sc, show_progress=progress)
+            ix_sc = ensure_indexed(best, json_path, "test", root / "indexes" / f"{name}_shortcut", shortcuts=shortcut)
+            with_shortcut[name] = ensure_evaluated(ix_sc)
     print_comparison(reports, with_shortcut, shortcut, kind, cfgs["ltd"].train.batch_size)
     print_marks(cfgs)
     rows = compare_indexes(indexes["bl"], indexes["ltd"])
@@ -144,7 +142,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     captioners, referee = {}, {}
     if args.captioning:
         captioners, referee = run_captioning(args, kind, data_path, json_path, root,
-                                             bests if shortcut == "none" else None, progress)
+                                             bests if shortcut == "none" else None)
     print(f"\ndemo ready in {time.time() - t0:.0f} s. Reports: {root / 'indexes' / 'bl' / 'report.md'}, "
           f"{root / 'indexes' / 'ltd' / 'report.md'}"
           + "".join(f", {Path(p).parent / 'eval_test' / 'report.md'}" for p in captioners.values()), flush=True)

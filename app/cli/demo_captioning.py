@@ -37,8 +37,8 @@ ROWS = {"xe": "cross-entropy only", "scst": "SCST, CIDEr-D only", "sr_bl": "SR-F
         "sr_ltd": "SR-FL, LTD judge"}
 
 
-def train_judges(args: argparse.Namespace, kind: str, data_path: str, root: Path, judges: dict[str, Path] | None,
-                 progress: bool) -> tuple[dict[str, Path], Path]:
+def train_judges(args: argparse.Namespace, kind: str, data_path: str, root: Path,
+                 judges: dict[str, Path] | None) -> tuple[dict[str, Path], Path]:
     """(the SR-FL judges, the referee's best.pt). ``judges``: the demo's own retrieval models when they
     trained without shortcuts, else None (two clean ones are trained)."""
     from app.pipeline import ensure_trained
@@ -50,42 +50,42 @@ def train_judges(args: argparse.Namespace, kind: str, data_path: str, root: Path
             print(f"[judge {name}] training {preset}: a self-retrieval judge without shortcuts (it must score "
                   "the caption, not its number)", flush=True)
             cfg = load_config(preset, [f"data.path={data_path}", *args.set])
-            judges[name] = ensure_trained(cfg, root / "runs" / f"judge_{name}", show_progress=progress)
+            judges[name] = ensure_trained(cfg, root / "runs" / f"judge_{name}")
     preset, sets = REFEREE[kind]
     print(f"[referee] training {preset} ({', '.join(sets)}): the retrieval model no captioner trains against",
           flush=True)
     cfg = load_config(preset, [f"data.path={data_path}", *args.set, *sets])
-    referee = ensure_trained(cfg, root / "runs" / "referee", show_progress=progress)
+    referee = ensure_trained(cfg, root / "runs" / "referee")
     return {n: p.resolve() for n, p in judges.items()}, referee.resolve()
 
 
 def run_captioning(args: argparse.Namespace, kind: str, data_path: str, json_path: Path, root: Path,
-                   judges: dict[str, Path] | None, progress: bool) -> tuple[dict[str, str], dict[str, str]]:
+                   judges: dict[str, Path] | None) -> tuple[dict[str, str], dict[str, str]]:
     """Judges and referee, XE, then CIDEr-only SCST and SR-FL under each judge from it; every captioner
     evaluated on the test split under the referee (and the judges). Returns ({captioner: best.pt},
     {"referee": its test index}) for serving."""
     from app.pipeline import ensure_caption_report, ensure_captioner, ensure_indexed
     from training.captioning.config import load_caption_config
 
-    judges, referee = train_judges(args, kind, data_path, root, judges, progress)
-    referee_index = ensure_indexed(referee, json_path, "test", root / "indexes" / "referee", show_progress=progress)
+    judges, referee = train_judges(args, kind, data_path, root, judges)
+    referee_index = ensure_indexed(referee, json_path, "test", root / "indexes" / "referee")
     cap_root = root / "captioners"
     base = [f"data.path={json_path}", *args.caption_set]
     xe_preset, cider_preset, sr_preset = CAPTION_PRESETS[kind]
     print(f"[xe] training the captioner ({xe_preset}: cross-entropy, scheduled sampling)", flush=True)
-    caps = {"xe": ensure_captioner(load_caption_config(xe_preset, base), cap_root / "xe", show_progress=progress)}
+    caps = {"xe": ensure_captioner(load_caption_config(xe_preset, base), cap_root / "xe")}
     from_xe = base + [f"train.init_from={caps['xe'].resolve()}"]
     print(f"[scst] self-critical from xe, reward CIDEr-D only ({cider_preset}: the control)", flush=True)
-    caps["scst"] = ensure_captioner(load_caption_config(cider_preset, from_xe), cap_root / "scst", show_progress=progress)
+    caps["scst"] = ensure_captioner(load_caption_config(cider_preset, from_xe), cap_root / "scst")
     alpha = 0.0
     for j, judge in judges.items():
         print(f"[sr_{j}] self-critical from xe, reward CIDEr-D + self-retrieval under the {j} judge ({sr_preset})",
               flush=True)
         cfg = load_caption_config(sr_preset, from_xe + [f"train.retrieval={judge}"])
-        caps[f"sr_{j}"], alpha = ensure_captioner(cfg, cap_root / f"sr_{j}", show_progress=progress), cfg.scst.alpha
+        caps[f"sr_{j}"], alpha = ensure_captioner(cfg, cap_root / f"sr_{j}"), cfg.scst.alpha
     print("[captioners] evaluating on the test split (beam 5) under the referee and the judges", flush=True)
     scorers = {"referee": referee, **judges}
-    reports = {c: ensure_caption_report(p, scorers, cap_root / c / "eval_test", show_progress=progress)
+    reports = {c: ensure_caption_report(p, scorers, cap_root / c / "eval_test")
                for c, p in caps.items()}
     print_caption_comparison(reports, kind, alpha, customised=bool(args.caption_set))
     return {c: str(p.resolve()) for c, p in caps.items()}, {"referee": str(referee_index.path.resolve())}

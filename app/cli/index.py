@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                         "for good, items added join the base (no --checkpoint needed)")
     add_shard_args(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing index directory")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="torch device the model embeds on (default: cpu)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_index)
 
@@ -178,7 +178,6 @@ def cmd_index(args: argparse.Namespace) -> int:
     if not Path(args.checkpoint).is_file():  # a tower folder: zero-shot, no `ltd train`
         args.checkpoint = str(ensure_zero_shot(args.checkpoint, args.out, args.text_tower))
 
-    progress = not args.no_progress
     ray = None
     if args.engine == "ray":
         if mode == "append":
@@ -194,19 +193,19 @@ def cmd_index(args: argparse.Namespace) -> int:
         from indexer.ingest import append_living
 
         print(json.dumps(append_living(args.out, args.checkpoint, images_dir=args.images_dir,
-                                       captions_file=args.captions_file, show_progress=progress)))
+                                       captions_file=args.captions_file)))
         return 0
     if mode == "append":
         ix = append_corpus(args.out, args.checkpoint, images_dir=args.images_dir, captions_file=args.captions_file,
-                           show_progress=progress, device=args.device, runtime=args.runtime)
+                           runtime=args.runtime)
     elif mode == "corpus":
         ix = build_corpus_index(args.checkpoint, args.out, images_dir=args.images_dir, captions_file=args.captions_file,
-                                factory=args.factory, overwrite=args.overwrite, show_progress=progress, device=args.device,
+                                factory=args.factory, overwrite=args.overwrite,
                                 runtime=args.runtime, ray=ray)
     else:
         ix = build_dataset_index(args.checkpoint, args.dataset, args.split, args.out, factory=args.factory,
                                  images_root=args.images_root, shortcuts=args.shortcuts, overwrite=args.overwrite,
-                                 show_progress=progress, device=args.device, runtime=args.runtime, ray=ray,
+                                 runtime=args.runtime, ray=ray,
                                  columns=args.columns)
     if args.index_shards:  # the new generation, split: the unsharded one is replaced (indexer/shards_index.py)
         from indexer.shards_index import describe, shard_index_dir
@@ -233,8 +232,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         ix = live_view(load_index_dir(args.index))  # a living index: its items as served, removed ones gone
     rel = None if args.relevance.lower() == "none" else args.relevance
     report = evaluate_index(ix, relevance=rel, cxc=args.cxc, eccv=args.eccv, ndcg_k=args.ndcg_k,
-                            show_progress=not args.no_progress, protocols=tuple(dict.fromkeys(args.protocol)),
-                            pm_dir=args.pm)
+                            protocols=tuple(dict.fromkeys(args.protocol)), pm_dir=args.pm)
     jp, mp = write_report(ix, report)
     print(render_markdown(report))
     print(f"wrote {jp} and {mp}")

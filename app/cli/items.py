@@ -90,7 +90,7 @@ def cmd_items(args: argparse.Namespace) -> int:
     if args.verb == "add":
         common = check_metadata(_json(args.metadata, "--metadata"))
         inputs, root = _inputs(args, common)
-        rows, failed = prepare(lm.model, store, inputs, root=root, show_progress=not args.no_progress, workers=None)
+        rows, failed = prepare(lm.model, store, inputs, root=root, workers=None)
         seq, ids = store.add(rows)
         new = sum(added for _, added in ids)
         print(f"added {new} item(s), {len(ids) - new} already there, {len(failed)} skipped (write {seq})")

@@ -12,6 +12,8 @@ import argparse
 import logging
 import sys
 import traceback
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 from app.cli import caption, compare, data, demo, experiment, index, interop, items, serve, train
 from training.errors import UserError
@@ -50,6 +52,24 @@ def _set_hint(extra: list[str], argv: list[str]) -> str:
     return ""
 
 
+@contextmanager
+def _process_settings(args: argparse.Namespace) -> Iterator[None]:
+    """The settings of the whole process that the commands' shared flags give, while the command runs:
+    ``--no-progress`` shows no progress here nor in the processes the command starts (data-parallel
+    ranks, grid jobs, local Ray workers: ``training.progress.quiet_everywhere``), and ``--device`` is the
+    device the command computes on (``training.device.using_device``)."""
+    with ExitStack() as stack:
+        if getattr(args, "no_progress", False):
+            from training.progress import quiet_everywhere  # lazy: pydantic stays out of `ltd --help`
+
+            stack.enter_context(quiet_everywhere())
+        if getattr(args, "device", None):
+            from training.device import using_device  # lazy: torch stays out of `ltd --help`
+
+            stack.enter_context(using_device(args.device))
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, commands = build_parser()
@@ -59,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     verbose = getattr(args, "verbose", False)
     _setup(verbose)
     try:
-        return int(args.func(args) or 0)
+        with _process_settings(args):
+            return int(args.func(args) or 0)
     except UserError as e:  # the user can fix it: one clear line, no traceback (use -v for one)
         if verbose:
             logging.exception("failed")

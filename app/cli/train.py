@@ -119,9 +119,11 @@ def cmd_train(args: argparse.Namespace) -> int:
             cfg = resume_config(out, args.config, args.set)
     from app.launch import data_parallel_command
     from app.pipeline import train_run
+    from training.device import using_device
 
-    code, res = data_parallel_command(args, cfg.train.device, worker_args(args, ["train"], out), lambda: train_run(
-        cfg, out, resume=args.resume, show_progress=not args.no_progress))
+    with using_device(cfg.train.device):  # what the launcher checks and the process group's backend
+        code, res = data_parallel_command(args, worker_args(args, ["train"], out),
+                                          lambda: train_run(cfg, out, resume=args.resume))
     if res is not None:
         print(json.dumps({"run_dir": str(res.run_dir), "best_val_rsum": round(res.best_rsum, 2),
                           "best_epoch": res.best_epoch, "seconds": round(res.seconds, 1),

@@ -27,6 +27,7 @@ from training.checkpoint import (
     versions,
 )
 from training.config import ConfigError
+from training.device import default_device
 from training.errors import UserValueError
 from training.fsio import sha256_file
 
@@ -86,9 +87,8 @@ def load_caption_checkpoint(path: str | Path) -> dict:
     return ckpt
 
 
-def captioner_from_checkpoint(ckpt: dict | str | Path, device: str | torch.device = "cpu"
-                              ) -> tuple[TopDownCaptioner, CaptionVocab, CaptionConfig]:
-    """Rebuild the captioner a checkpoint holds (eval mode)."""
+def captioner_from_checkpoint(ckpt: dict | str | Path) -> tuple[TopDownCaptioner, CaptionVocab, CaptionConfig]:
+    """Rebuild the captioner a checkpoint holds (eval mode), on the process's device (``training.device``)."""
     if not isinstance(ckpt, dict):
         ckpt = load_caption_checkpoint(ckpt)
     cfg = caption_config_from_dict(ckpt["config"])
@@ -98,4 +98,4 @@ def captioner_from_checkpoint(ckpt: dict | str | Path, device: str | torch.devic
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
         raise UserValueError(f"checkpoint does not match the captioner it describes: {str(e)[:300]}") from None
-    return model.to(device).eval(), vocab, cfg
+    return model.to(default_device()).eval(), vocab, cfg

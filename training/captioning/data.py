@@ -34,23 +34,23 @@ log = logging.getLogger(__name__)
 FEAT_CHANNELS = 1280
 
 
-def resolve_path(cfg: CaptionConfig, show_progress: bool = True) -> Path:
+def resolve_path(cfg: CaptionConfig) -> Path:
     d = cfg.data
     return resolve_dataset_path(d.path, cache_dir=d.cache_dir, synthetic_images=d.synthetic_images,
-                                synthetic_seed=d.synthetic_seed, show_progress=show_progress)
+                                synthetic_seed=d.synthetic_seed)
 
 
-def load_caption_dataset(cfg: CaptionConfig, show_progress: bool = True) -> Dataset:
-    return load_karpathy(resolve_path(cfg, show_progress), images_root=cfg.data.images_root or None,
+def load_caption_dataset(cfg: CaptionConfig) -> Dataset:
+    return load_karpathy(resolve_path(cfg), images_root=cfg.data.images_root or None,
                          drop_missing=cfg.data.drop_missing)
 
 
-def grid_store(ds: Dataset, image_size: int, cache_dir: str = "", device: str = "cpu",
-               show_progress: bool = True) -> FeatureStore:
-    """Grid features of every image of the dataset (extracted once, then read from the cache)."""
+def grid_store(ds: Dataset, image_size: int, cache_dir: str = "") -> FeatureStore:
+    """Grid features of every image of the dataset (extracted once, on the process's device, then read
+    from the cache)."""
     backbone = EfficientNetLite0("grid", image_size=image_size)
-    return extract_features(backbone, [im.path for im in ds.images], cache_dir=cache_dir, n_views=1, device=device,
-                            show_progress=show_progress, desc=f"{ds.name} grid features ({backbone.grid_side}²×1280)")
+    return extract_features(backbone, [im.path for im in ds.images], cache_dir=cache_dir, n_views=1,
+                            desc=f"{ds.name} grid features ({backbone.grid_side}²×1280)")
 
 
 def regions(store: FeatureStore, rows: np.ndarray | list[int]) -> torch.Tensor:
@@ -113,14 +113,13 @@ class CaptionData:
         return self.grid.key
 
 
-def prepare_captioning(cfg: CaptionConfig, *, vocab: CaptionVocab | None = None, show_progress: bool = True,
-                       device: str = "cpu") -> CaptionData:
-    ds = load_caption_dataset(cfg, show_progress)
+def prepare_captioning(cfg: CaptionConfig, *, vocab: CaptionVocab | None = None) -> CaptionData:
+    ds = load_caption_dataset(cfg)
     try:
         train, val = ds.split("train"), ds.split(cfg.data.val_split)
     except DatasetError as e:
         raise ConfigError(f"data: {e}") from None
-    store = grid_store(ds, cfg.data.image_size, cfg.data.cache_dir, device, show_progress)
+    store = grid_store(ds, cfg.data.image_size, cfg.data.cache_dir)
     if store.failed:
         raise ConfigError(f"{len(store.failed)} images could not be read (see {store.path}/failed.json); "
                           "fix or drop them (data.drop_missing) before training a captioner")

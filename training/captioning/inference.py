@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 from training.captioning.decoding import Specials, beam_search, greedy
 from training.captioning.model import TopDownCaptioner
 from training.captioning.vocab import CaptionVocab
+from training.progress import progress_enabled
 
 
 def specials(vocab: CaptionVocab, *, allow_unk: bool = False) -> Specials:
@@ -39,10 +40,10 @@ def decode_regions(model: TopDownCaptioner, regions: torch.Tensor, vocab: Captio
 
 def caption_rows(model: TopDownCaptioner, vocab: CaptionVocab, rows: np.ndarray,
                  load: Callable[[np.ndarray], torch.Tensor], *, beam: int = 5, batch_size: int = 50,
-                 show_progress: bool = True, desc: str = "captions", allow_unk: bool = False) -> list[str]:
+                 desc: str = "captions", allow_unk: bool = False) -> list[str]:
     """Captions for the images ``rows``, whose regions ``load(rows_chunk)`` returns."""
     out: list[str] = []
-    bar = tqdm(total=len(rows), desc=desc, unit="img", disable=not show_progress)
+    bar = tqdm(total=len(rows), desc=desc, unit="img", disable=not progress_enabled())
     for i in range(0, len(rows), batch_size):
         chunk = rows[i : i + batch_size]
         out += vocab.decode_batch(decode_regions(model, load(chunk), vocab, beam=beam, allow_unk=allow_unk))

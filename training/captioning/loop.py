@@ -40,9 +40,10 @@ from training.captioning.steps import scst_step, set_up_negatives, xe_step
 from training.captioning.vocab import CaptionVocab, sequence_lengths
 from training.captioning.xe import epoch_captions, feedback_probability
 from training.config import dump_config
-from training.loop import open_run_dir, pick_device
+from training.device import default_device, pick_device, using_device
+from training.loop import open_run_dir
 from training.metrics_log import MetricsLog
-from training.progress import progress
+from training.progress import progress, set_progress
 
 log = logging.getLogger(__name__)
 STAGES = ("xe", "scst")
@@ -56,25 +57,31 @@ class CaptionRunResult:
     seconds: float
 
 
-def train_captioner(cfg: CaptionConfig, run_dir: str | Path, *, resume: bool = False, data: CaptionData | None = None,
-                    show_progress: bool = True) -> CaptionRunResult:
+def train_captioner(cfg: CaptionConfig, run_dir: str | Path, *, resume: bool = False,
+                    data: CaptionData | None = None) -> CaptionRunResult:
     """Train ``cfg`` into ``run_dir``: checkpoint.pt (resumable), best.pt (best val CIDEr-D),
     metrics.jsonl and config.yaml. ``data`` is :func:`prepare_captioning`'s result when the caller has
-    it already; ``resume`` continues the run that ``run_dir`` holds."""
+    it already; ``resume`` continues the run that ``run_dir`` holds. It runs on ``train.device``: the
+    process's device while it runs (``training.device``)."""
+    with using_device(pick_device(cfg.train.device)):
+        return _train(cfg, Path(run_dir), resume, data)
+
+
+def _train(cfg: CaptionConfig, run_dir: Path, resume: bool, data: CaptionData | None) -> CaptionRunResult:
     t_start, tc, rank = time.time(), cfg.train, distributed.current()
-    device = pick_device(tc.device)
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
-    run_dir, show_progress = Path(run_dir), show_progress and rank.main
+    if not rank.main:  # one voice: the main process shows the progress
+        set_progress(False)
     ckpt = open_run_dir(run_dir, resume, load=ckpt_io.load_caption_checkpoint)
     init = ckpt_io.load_caption_checkpoint(tc.init_from) if tc.init_from and ckpt is None else None
 
     # ---- data (the vocabulary of the weights it continues), model, judge, reward, optimiser ----------
     source = ckpt or init
     vocab = CaptionVocab.from_dict(source["vocab"]) if source else None
-    data = data or prepare_captioning(cfg, vocab=vocab, show_progress=show_progress, device=str(device))
+    data = data or prepare_captioning(cfg, vocab=vocab)
     ckpt_io.check_same_labelled(source, data)
-    r = set_up(cfg, data, device, run_dir, show_progress)
+    r = set_up(cfg, data, run_dir)
 
     # ---- SCST from train.init_from, or resume ----------------------------------------------------
     if init is not None:
@@ -120,17 +127,16 @@ def train_captioner(cfg: CaptionConfig, run_dir: str | Path, *, resume: bool = F
 
 
 # ---- set-up --------------------------------------------------------------------------------------
-def set_up(cfg: CaptionConfig, data: CaptionData, device: torch.device, run_dir: Path,
-           show_progress: bool) -> CaptionRun:
-    """Model (seeded), judge, reward and the first stage's optimiser: XE's, or SCST's when there are no
-    XE epochs or ``train.init_from`` gives the weights SCST starts from."""
+def set_up(cfg: CaptionConfig, data: CaptionData, run_dir: Path) -> CaptionRun:
+    """Model (seeded, on the process's device), judge, reward and the first stage's optimiser: XE's, or
+    SCST's when there are no XE epochs or ``train.init_from`` gives the weights SCST starts from."""
     torch.manual_seed(cfg.train.seed)
+    device = torch.device(default_device())
     v = data.vocab
     model = build_captioner(len(v), FEAT_CHANNELS, cfg.model, v.pad_id, v.bos_id).to(device)
     judge = None
     if cfg.train.retrieval:
-        judge = load_judge(cfg.train.retrieval, data.dataset, v.words, cache_dir=cfg.data.cache_dir,
-                           device=str(device), show_progress=show_progress)
+        judge = load_judge(cfg.train.retrieval, data.dataset, v.words, cache_dir=cfg.data.cache_dir)
     stage = "scst" if cfg.xe.epochs == 0 or cfg.train.init_from else "xe"
     s = cfg.scst
     reward = SelfRetrievalReward(data.train_cider, judge, eos_id=v.eos_id, cider_weight=s.cider_weight,
@@ -138,7 +144,7 @@ def set_up(cfg: CaptionConfig, data: CaptionData, device: torch.device, run_dir:
                                  loss=s.retrieval_loss, margin=s.margin, tau=s.tau, cider_eos=s.cider_eos)
     return CaptionRun(cfg=cfg, data=data, run_dir=run_dir, device=device, model=model,
                       optimizer=stage_optimizer(cfg, model, stage), judge=judge, reward=reward, specials=specials(v),
-                      show_progress=show_progress, at=CaptionProgress(stage=stage), rank=distributed.current())
+                      at=CaptionProgress(stage=stage), rank=distributed.current())
 
 
 def stage_optimizer(cfg: CaptionConfig, model: TopDownCaptioner, stage: str) -> torch.optim.Optimizer:
@@ -223,7 +229,7 @@ def run_epoch(r: CaptionRun, epoch: int, n_epochs: int) -> None:
     if stage == "scst":
         set_up_negatives(r)
     bar = progress(len(batches), initial=r.at.step_in_epoch, desc=f"{stage} epoch {epoch + 1}/{n_epochs}",
-                   unit="step", disable=not r.show_progress, leave=False)
+                   unit="step", leave=False)
     for s in range(r.at.step_in_epoch, len(batches)):
         seed = step_seed(tc.seed, stage, epoch, s)
         own = distributed.rank_seed(seed, r.rank.rank)  # samples and dropout: each process its own

@@ -20,10 +20,11 @@ import torch
 
 from training import choices
 from training.checkpoint import load_checkpoint, model_from_checkpoint
+from training.device import to_device
 from training.errors import UserValueError
 from training.losses import similarity_fn
 from training.models.dual_encoder import DualEncoder
-from training.models.text_encoder import GRUTextEncoder, move_batch
+from training.models.text_encoder import GRUTextEncoder
 from training.prepare import image_features
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class Judge:
         else:
             texts = [" ".join(self.caption_words[i] for i in row[: int(n)]) for row, n in zip(ids.tolist(), lengths.tolist())]
             batch = self.model.text.prepare(texts)
-        return self.model.encode_text(move_batch(batch, self.model.device)).float().cpu()
+        return self.model.encode_text(to_device(batch, self.model.device)).float().cpu()
 
     @torch.no_grad()
     def similarities(self, caption_emb: torch.Tensor, image_rows: torch.Tensor) -> torch.Tensor:
@@ -94,18 +95,17 @@ class Judge:
         return similarity_fn(self.model.similarity)(img, caption_emb).T
 
 
-def load_judge(checkpoint: str | Path, dataset, caption_words: list[str], *, cache_dir: str = "",
-               device: str = "cpu", show_progress: bool = True) -> Judge:
-    """Rebuild a retrieval checkpoint (loaded with weights_only=True) and embed every image of
-    ``dataset`` with it, from the feature cache of the backbone settings it was trained with."""
+def load_judge(checkpoint: str | Path, dataset, caption_words: list[str], *, cache_dir: str = "") -> Judge:
+    """Rebuild a retrieval checkpoint (loaded with weights_only=True, on the process's device) and embed
+    every image of ``dataset`` with it, from the feature cache of the backbone settings it was trained with."""
     ckpt = load_checkpoint(checkpoint)
-    model, _, jcfg = model_from_checkpoint(ckpt, device=device)
+    model, _, jcfg = model_from_checkpoint(ckpt)
     jcfg.data.cache_dir = cache_dir or jcfg.data.cache_dir
     if jcfg.data.shortcuts != "none":
         raise UserValueError(f"{checkpoint}: a judge trained with synthetic shortcuts ({jcfg.data.shortcuts}) "
                          "scores the shortcut, not the caption; use one trained with data.shortcuts=none")
     backbone = getattr(model.image, "backbone", None)
-    store, _ = image_features(jcfg, dataset, backbone, show_progress=show_progress, device=device)
+    store, _ = image_features(jcfg, dataset, backbone)
     feats = store.mean_view()
     with torch.no_grad():
         emb = torch.cat([model.encode_image_features(feats[i : i + 2048].to(model.device)).float().cpu()

@@ -34,7 +34,6 @@ class CaptionRun:
     judge: Judge | None  # the frozen retrieval model of the self-retrieval reward (train.retrieval)
     reward: SelfRetrievalReward
     specials: Specials  # the vocabulary's special ids, for sampling
-    show_progress: bool
     at: CaptionProgress = field(default_factory=CaptionProgress)
     mlog: MetricsLog = field(default_factory=lambda: MetricsLog(None, None))  # a run built by hand logs nowhere
     rank: distributed.Rank = field(default_factory=distributed.Rank)  # this process's place (rank 0 of 1 alone)

@@ -29,6 +29,7 @@ from PIL import Image
 from training.data.decode_pool import ImageTransform, ImageViews, decoded_batches
 from training.data.decode_pool import decode_key as cpu_decode_key
 from training.data.images import ALLOWED_FORMATS, MAX_PIXELS, ImageError, Preprocess, load_image
+from training.device import default_device
 from training.env import environment
 
 log = logging.getLogger(__name__)
@@ -59,11 +60,12 @@ def decode_key(draft: bool, gpu: bool) -> dict:
 
 
 class GpuJpegDecoder:
-    """Bytes of a batch of images → (N·V, 3, S, S) float tensors on ``device``, views as ``Preprocess.crops``."""
+    """Bytes of a batch of images → (N·V, 3, S, S) float tensors on the process's device
+    (``training.device``), views as ``Preprocess.crops``."""
 
-    def __init__(self, pre: Preprocess, device: str | torch.device, *, n_views: int = 1,
-                 max_pixels: int = MAX_PIXELS):
-        self.pre, self.device, self.n_views, self.max_pixels = pre, torch.device(device), n_views, max_pixels
+    def __init__(self, pre: Preprocess, *, n_views: int = 1, max_pixels: int = MAX_PIXELS):
+        self.pre, self.n_views, self.max_pixels = pre, n_views, max_pixels
+        self.device = torch.device(default_device())
         self.decoder = nvimgcodec.Decoder(device_id=self.device.index or 0)
         self.params = nvimgcodec.DecodeParams(apply_exif_orientation=True, color_spec=nvimgcodec.ColorSpec.RGB)
         self.mean = torch.tensor(pre.mean, device=self.device).view(3, 1, 1)
@@ -137,10 +139,10 @@ def _read(source) -> bytes | None:
         return None
 
 
-def gpu_decoded_batches(paths: Sequence[Path], indices: Sequence[int], pre: Preprocess, device, *,
-                        n_views: int = 1, batch_size: int = 64) -> Iterator[tuple[list[int], torch.Tensor | None, list]]:
-    """``decoded_batches``'s contract, decoded on ``device``: the next batch's files are read meanwhile."""
-    dec = GpuJpegDecoder(pre, device, n_views=n_views)
+def gpu_decoded_batches(paths: Sequence[Path], indices: Sequence[int], pre: Preprocess, *, n_views: int = 1,
+                        batch_size: int = 64) -> Iterator[tuple[list[int], torch.Tensor | None, list]]:
+    """``decoded_batches``'s contract, decoded on the process's device: the next batch's files are read meanwhile."""
+    dec = GpuJpegDecoder(pre, n_views=n_views)
     per = max(1, batch_size // n_views)
     chunks = iter([list(indices[a:a + per]) for a in range(0, len(indices), per)])
 
@@ -156,27 +158,22 @@ def gpu_decoded_batches(paths: Sequence[Path], indices: Sequence[int], pre: Prep
             yield dec.batch(items)
 
 
-def image_batches(paths: Sequence[Path], indices: Sequence[int], pre: Preprocess, *, device="cpu", n_views: int = 1,
+def image_batches(paths: Sequence[Path], indices: Sequence[int], pre: Preprocess, *, n_views: int = 1,
                   batch_size: int = 64, workers: int | None = None, transform: ImageTransform | None = None,
                   draft: bool = False) -> Iterator[tuple[list[int], torch.Tensor | None, list]]:
-    """Decoded batches for a model on ``device``: on the GPU when :func:`uses_gpu`, else ``decoded_batches``."""
-    if uses_gpu(device, transform):
-        return gpu_decoded_batches(paths, indices, pre, device, n_views=n_views, batch_size=batch_size)
+    """Decoded batches for a model on the process's device (``training.device``): on the GPU when
+    :func:`uses_gpu`, else ``decoded_batches``."""
+    if uses_gpu(transform):
+        return gpu_decoded_batches(paths, indices, pre, n_views=n_views, batch_size=batch_size)
     return decoded_batches(ImageViews(paths, indices, pre, n_views, transform, draft), batch_size=batch_size,
                            workers=workers)
 
 
-def uses_gpu(device, transform: ImageTransform | None = None) -> bool:
-    """Whether ``image_batches`` decodes on the device (never with a shortcut transform: it works on PIL views)."""
+def uses_gpu(transform: ImageTransform | None = None) -> bool:
+    """Whether ``image_batches`` decodes on the process's device (never with a shortcut transform: it works
+    on PIL views)."""
+    device = default_device()
     reason = unavailable(device)
     if reason is not None and torch.device(device).type == "cuda":
         log.info("JPEGs are decoded on the CPU: %s", reason)
     return reason is None and transform is None
-
-
-def to_device(x: torch.Tensor, device) -> torch.Tensor:
-    """A CPU-decoded batch on ``device``: through pinned memory, asynchronously, when that is a GPU."""
-    device = torch.device(device)
-    if device.type == "cuda" and x.device.type == "cpu":
-        return x.pin_memory().to(device, non_blocking=True)
-    return x.to(device)

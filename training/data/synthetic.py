@@ -120,7 +120,6 @@ def generate_synthetic(
     val_fraction: float = 0.1,
     test_fraction: float = 0.1,
     workers: int | None = None,
-    show_progress: bool = True,
 ) -> Path:
     """Write the synthetic scenes dataset under `out_dir` and return its JSON path.
 
@@ -146,10 +145,10 @@ def generate_synthetic(
                 return json_path
             log.warning("%s was written with other parameters or is incomplete: regenerating", json_path)
             json_path.unlink()  # first, so a crash below never leaves a JSON pointing at new images
-        return _generate(out_dir, json_path, params, workers, show_progress)
+        return _generate(out_dir, json_path, params, workers)
 
 
-def _generate(out_dir: Path, json_path: Path, params: dict, workers: int | None, show_progress: bool) -> Path:
+def _generate(out_dir: Path, json_path: Path, params: dict, workers: int | None) -> Path:
     n_images, seed, image_size = params["n_images"], params["seed"], params["image_size"]
     val_fraction, test_fraction = params["val_fraction"], params["test_fraction"]
     image_dir = out_dir / "images"
@@ -162,7 +161,7 @@ def _generate(out_dir: Path, json_path: Path, params: dict, workers: int | None,
     workers = min(workers or os.cpu_count() or 1, n_images)
     make = partial(_make_image, seed=int(seed), image_size=int(image_size), image_dir=str(image_dir))
     start = time.perf_counter()
-    bar = progress(n_images, desc="synthetic scenes", unit="img", disable=not show_progress)
+    bar = progress(n_images, desc="synthetic scenes", unit="img")
     if workers == 1:
         results = []
         for i in range(n_images):

@@ -94,13 +94,21 @@ class Backbone(nn.Module):
         """The feature cache's dtype entry: what this CPU's runtime computes in (``runtimes.feature_dtype``)."""
         bf16 = self._use_bf16_cpu()
         runtime = getattr(self, "runtime", "torch")  # backbones without runtimes run torch under ``_autocast``
-        return feature_dtype(resolve_runtime(runtime, torch.device("cpu"), bf16), bf16)
+        return feature_dtype(resolve_runtime(runtime, bf16), bf16)
 
     def _use_bf16_cpu(self) -> bool:
         return cpu_features_in_bf16()
 
-    def _autocast(self, device: torch.device):
-        if device.type == "cuda":
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are: ``extract`` runs there, on images placed there."""
+        p = next(self.parameters(), None)
+        return p.device if p is not None else torch.device("cpu")
+
+    def _autocast(self):
+        """The autocast ``extract`` runs under where the backbone is: fp16 on CUDA, bf16 on a CPU that runs
+        it natively (unless ``LTD_FEATURE_DTYPE=float32``), else none."""
+        if self.device.type == "cuda":
             return torch.autocast("cuda", dtype=torch.float16)
         if self._use_bf16_cpu():
             return torch.autocast("cpu", dtype=torch.bfloat16)
@@ -152,29 +160,31 @@ class EfficientNetLite0(Backbone):
 
     def set_runtime(self, name: str | None) -> None:
         """Run ``extract`` with this runtime (``runtimes.RUNTIMES``); None → ``LTD_IMAGE_RUNTIME`` or auto."""
-        resolve_runtime(requested_runtime(name), torch.device("cpu"), False)  # an unknown name fails here
+        resolve_runtime(requested_runtime(name), False)  # an unknown name fails here
         self.runtime, self._runners = requested_runtime(name), {}
 
-    def image_runtime(self, device: torch.device) -> ImageRuntime:
-        """The runner ``extract`` uses on ``device`` (built once; ``auto`` falls back to torch on failure)."""
-        key = str(device)
+    def image_runtime(self) -> ImageRuntime:
+        """The runner ``extract`` uses where the backbone is (built once per device; ``auto`` falls back to
+        torch on failure)."""
+        device = self.device
+        key, cpu = str(device), device.type == "cpu"
         if key not in self._runners:
-            name = resolve_runtime(self.runtime, device, self._use_bf16_cpu())
-            tap = Tap(self.fused(), self.features)
+            name = resolve_runtime(self.runtime, self._use_bf16_cpu(), on_cpu=cpu)
+            tap = Tap(self.fused(), self.features).to(device)
             try:
-                runner = ImageRuntime(name, tap, self.preprocess.size, device, self._autocast(device),
-                                      bf16_cpu=device.type == "cpu" and self._use_bf16_cpu())
+                runner = ImageRuntime(name, tap, self.preprocess.size, self._autocast(),
+                                      bf16_cpu=cpu and self._use_bf16_cpu())
             except Exception as e:
                 if self.runtime != "auto" or name == "torch":
                     raise RuntimeUnavailable(f"image runtime {name} failed to start: {type(e).__name__}: {e}") from e
                 log.warning("image runtime %s failed to start (%s); using torch", name, e)
-                runner = ImageRuntime("torch", tap, self.preprocess.size, device, self._autocast(device))
+                runner = ImageRuntime("torch", tap, self.preprocess.size, self._autocast())
             self._runners[key] = runner
         return self._runners[key]
 
     @torch.no_grad()
     def extract(self, images: torch.Tensor) -> torch.Tensor:
-        return self.image_runtime(images.device)(images)
+        return self.image_runtime()(images)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if self.features == "fne":
@@ -222,7 +232,7 @@ class TorchvisionResNet(Backbone):
     def extract(self, images: torch.Tensor) -> torch.Tensor:
         was = self.net.training
         self.net.eval()
-        with self._autocast(images.device):
+        with self._autocast():
             out = self.net(images.contiguous(memory_format=torch.channels_last))
         self.net.train(was)
         return out.float()

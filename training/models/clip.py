@@ -147,7 +147,7 @@ class ClipImageBackbone(Backbone):
     def extract(self, images: torch.Tensor) -> torch.Tensor:
         was = self.training
         self.eval()
-        with self._autocast(images.device):
+        with self._autocast():
             out = self.forward(images)
         self.train(was)
         return out.float()

@@ -15,6 +15,7 @@ from torch import nn
 
 from training.config import Config, ModelConfig
 from training.data.vocab import Vocab
+from training.device import to_device
 from training.errors import UserError
 from training.losses.objective import objective_needs
 from training.models.backbones import Backbone, build_backbone
@@ -23,7 +24,7 @@ from training.models.clip_files import uses_clip
 from training.models.decoders import InputTokenDecoder, LatentTargetDecoder
 from training.models.heads import FNEDiscretize, ProjectionHead
 from training.models.reasoning import region_image_head, shared_layers, tern_text_encoder
-from training.models.text_encoder import GRUTextEncoder, SBERTTextEncoder, move_batch
+from training.models.text_encoder import GRUTextEncoder, SBERTTextEncoder
 from training.models.towers import source_from_dir
 from training.targets import resolve_sentence_model
 
@@ -106,7 +107,7 @@ class DualEncoder(nn.Module):
         self.eval()
         if hasattr(self.text, "embed_corpus"):
             self.text.embed_corpus(texts)
-        out = [self.text(move_batch(self.text.prepare(texts[i : i + batch_size]), self.device)).float().cpu()
+        out = [self.text(to_device(self.text.prepare(texts[i : i + batch_size]), self.device)).float().cpu()
                for i in range(0, len(texts), batch_size)]
         self.train(was)
         return torch.cat(out) if out else torch.zeros(0, self.text.out_dim)

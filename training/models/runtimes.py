@@ -60,19 +60,20 @@ def installed(name: str) -> bool:
     return importlib.util.find_spec(module) is not None and importlib.util.find_spec("onnx") is not None
 
 
-def resolve_runtime(name: str, device: torch.device, reduced_precision: bool) -> str:
-    """The runtime ``name`` stands for on ``device``; ``auto`` → the fastest installed (module doc)."""
+def resolve_runtime(name: str, reduced_precision: bool, *, on_cpu: bool = True) -> str:
+    """The runtime ``name`` stands for on the CPU (``on_cpu``) or on a GPU; ``auto`` → the fastest
+    installed (module doc)."""
     if name not in RUNTIMES:
         raise RuntimeUnavailable(f"unknown image runtime {name!r}; choose one of: {', '.join(RUNTIMES)}")
     if name == "auto":
-        if device.type != "cpu":
+        if not on_cpu:
             return "torch"
         if reduced_precision:
             return "openvino" if installed("openvino") else "torch"
         return next(r for r in ("openvino", "onnxruntime", "torch") if installed(r))
     if name in ("onnxruntime", "openvino"):
-        if device.type != "cpu":
-            raise RuntimeUnavailable(f"runtime {name} runs on the CPU only; use --runtime torch on {device}")
+        if not on_cpu:
+            raise RuntimeUnavailable(f"runtime {name} runs on the CPU only; use --runtime torch on a GPU")
         if not installed(name):
             raise RuntimeUnavailable(f"runtime {name} is not installed: pip install 'ltd-retrieval[fast]'")
     return name
@@ -241,10 +242,11 @@ def _openvino(path: Path, bf16: bool = False, streams: bool = True) -> Callable[
 class ImageRuntime:
     """Runs one tap of the fused network with one runtime: ``(B, 3, S, S)`` float32 → ``(B, D)`` float32."""
 
-    def __init__(self, name: str, tap: Tap, image_size: int, device: torch.device, autocast, cache_dir: str | Path = "",
+    def __init__(self, name: str, tap: Tap, image_size: int, autocast, cache_dir: str | Path = "",
                  bf16_cpu: bool = False):
-        self.name, self.device, self._autocast = name, device, autocast
-        self._tap = tap.to(device)
+        """``tap`` is where it runs for torch (the ONNX runtimes export it and run on the CPU)."""
+        self.name, self._autocast = name, autocast
+        self._tap = tap
         self._np: Callable[[np.ndarray], np.ndarray] | None = None
         self._compiled = None
         if name in ("onnxruntime", "openvino"):

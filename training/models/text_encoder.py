@@ -105,7 +105,7 @@ class SBERTTextEncoder(nn.Module):
         for t, e in zip(texts, embeddings):
             self._memory[t] = e
 
-    def embed_corpus(self, texts: Sequence[str], show_progress: bool = False) -> None:
+    def embed_corpus(self, texts: Sequence[str]) -> None:
         """A whole caption corpus (every training caption, a val/test split, an index's captions) through
         the on-disk cache, so that runs sharing the corpus and the model embed it once between them
         (a frozen all-mpnet-base-v2 takes minutes per 10k captions on a 2-core CPU). No-op unless frozen,
@@ -115,9 +115,8 @@ class SBERTTextEncoder(nn.Module):
         uniq = list(dict.fromkeys(texts))
         if sum(t not in self._memory for t in uniq) < CORPUS_MIN:
             return
-        dev = next(self.st.parameters()).device
-        emb = compute_targets(uniq, self.model_path, cache_dir=self.cache_dir, device=dev.type,
-                              show_progress=show_progress, model=self.st, max_seq_length=self.st.max_seq_length)
+        emb = compute_targets(uniq, self.model_path, cache_dir=self.cache_dir, model=self.st,
+                              max_seq_length=self.st.max_seq_length)
         self.remember(uniq, torch.from_numpy(emb))
 
     @torch.no_grad()
@@ -162,10 +161,6 @@ def train_top_layers(st: nn.Module, k: int) -> None:
     for layer in layers[len(layers) - k:]:
         for p in layer.parameters():
             p.requires_grad_(True)
-
-
-def move_batch(batch: dict, device: torch.device) -> dict:
-    return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
 
 
 def take_rows(batch: dict, rows: slice, n: int) -> dict:

@@ -141,16 +141,17 @@ def padded(feed: dict) -> dict:
     return {k: np.pad(v, ((0, 0), (0, extra))) for k, v in feed.items()}  # mask 0 there: the ids do not matter
 
 
-def resolve_text_runtime(name: str, device: torch.device, st) -> tuple[str, str]:
-    """(runtime, why) for ``name`` on ``device``. ``auto`` falls back to torch with the reason; a runtime
-    asked for by name that cannot run raises RuntimeUnavailable."""
+def resolve_text_runtime(name: str, st) -> tuple[str, str]:
+    """(runtime, why) for ``name`` running the sentence model ``st`` where it is (``st.device``). ``auto``
+    falls back to torch with the reason; a runtime asked for by name that cannot run raises
+    RuntimeUnavailable."""
     if name not in TEXT_RUNTIMES:
         raise RuntimeUnavailable(f"text runtime {name!r}: choose one of {', '.join(TEXT_RUNTIMES)}")
     if name == "torch":
         return "torch", "asked for"
     reason = exportable(st)
-    if device.type != "cpu":
-        reason = reason or f"the model runs on {device.type}"
+    if st.device.type != "cpu":
+        reason = reason or f"the model runs on {st.device.type}"
     if name != "auto":
         if reason:
             raise RuntimeUnavailable(f"text runtime {name}: {reason}")
@@ -178,7 +179,7 @@ class SentenceRuntime:
         ``threads``: of the ONNX Runtime / OpenVINO engine (0: torch's thread count)."""
         self.st = st
         self.device = next(st.parameters()).device
-        self.name, self.why = resolve_text_runtime(name, self.device, st)
+        self.name, self.why = resolve_text_runtime(name, st)
         self.normalize = type(st[-1]).__name__ == "Normalize"
         self._run: Callable[[dict], np.ndarray] | None = None
         self.bf16, self.threads = False, 0  # threads: the engine's (0 for torch's own path)

@@ -164,15 +164,14 @@ def winner_choices(a: str, b: str) -> list[tuple[str, str]]:
     return [("any", "any"), (f"{a} better", "a"), (f"{b} better", "b"), ("tie", "tie")]
 
 
-def words_view(service: SearchService, a: str, b: str, min_count: Any = 5, top: Any = 15,
-               show_progress: bool = False) -> str:
+def words_view(service: SearchService, a: str, b: str, min_count: Any = 5, top: Any = 15) -> str:
     """The words view: what each model uses and the other ignores over the whole split."""
     if len(service.registry.names) < 2:
         return need_two_notice(service) or ""
     if not a or not b or a == b:
         return notice("Pick two different models.", "error")
     try:
-        u = service.explainer.word_usage(a, b, min_count=int(min_count or 5), show_progress=show_progress)
+        u = service.explainer.word_usage(a, b, min_count=int(min_count or 5))
     except NotReady as e:
         return notice(f"Models are still loading: {e.detail}.", "loading")
     except SearchError as e:
@@ -249,7 +248,7 @@ def view_update(ctx: UIContext, t: ExplorerTab, share_box: gr.Textbox, v: View) 
     a, b = v.a, v.b
     upd: dict = {p: gr.Column(visible=name == v.view) for name, p in t.panels.items()}
     if v.view == "words":
-        upd[t.words_out] = words_view(ctx.service, a, b, v.min_count, v.top, show_progress=True)
+        upd[t.words_out] = words_view(ctx.service, a, b, v.min_count, v.top)
     elif v.view == "map":
         upd[t.map_out] = map_view(ctx.service, a, b, v.color, v.word)
     upd[share_box] = share.write("explorer", a=a, b=b, view=v.view,

@@ -16,6 +16,7 @@ from indexer.evaluate import ground_truth, similarities
 from indexer.index import load_index_dir
 from indexer.metrics import retrieval_query_metrics
 from indexer.relevance import rouge_relevance
+from training.progress import quiet
 
 
 def scores(folder: Path, seeds: list[str], split: str) -> list[dict]:
@@ -25,7 +26,8 @@ def scores(folder: Path, seeds: list[str], split: str) -> list[dict]:
         assert list(ix.images.ids) == list(ixs[0].images.ids) and list(ix.captions.ids) == list(ixs[0].captions.ids)
     c2i, mask = ground_truth(ixs[0])
     c2i = c2i[mask]
-    rel = rouge_relevance(ixs[0], show_progress=False)[mask] if split == "test" else None
+    with quiet():
+        rel = rouge_relevance(ixs[0])[mask] if split == "test" else None
     sims = [similarities(ix)[:, mask] for ix in ixs]
     per_query = []
     for s in [*sims, np.mean(sims, axis=0)]:  # the members, then the ensemble
