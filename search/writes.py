@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,16 +119,18 @@ class ItemWrites:
             raise BadRequest(f"model {e.name} has no image backbone: it cannot embed new images")
         checked = [(u, check_captions(u.captions), check_metadata(u.metadata)) for u in uploads]
         images = [self.svc.uploads.decode(u.data, 2 * backbone.preprocess.resize) for u, _, _ in checked]
-        with torch.inference_mode():
-            x = e.model.image.prepare(images).to(e.model.device)
-            vectors = e.model.image(x).float().cpu().numpy()
+        store = e.live.store  # every upload is an image now: its file is written while the model runs
+        digests = [sha256_bytes(u.data) for u, _, _ in checked]
+        with ThreadPoolExecutor(max_workers=min(8, len(checked))) as pool:  # each file's fsync waits on the disk
+            stored = pool.map(lambda u, d: store.store_file(d, _suffix(u.data), u.data), uploads, digests)
+            with torch.inference_mode():
+                x = e.model.image.prepare(images).to(e.model.device)
+                vectors = e.model.image(x).float().cpu().numpy()
+            paths = list(stored)
         texts = [c for _, caps, _ in checked for c in caps]
         cap_vecs = embed_captions(e.model, texts) if texts else np.zeros((0, vectors.shape[1]), np.float32)
         rows, c = [], 0
-        store = e.live.store
-        for (u, caps, md), v in zip(checked, vectors):
-            digest = sha256_bytes(u.data)
-            path = store.store_file(digest, _suffix(u.data), u.data)
+        for (u, caps, md), v, digest, path in zip(checked, vectors, digests, paths):
             captions = [(t, t, cap_vecs[c + j]) for j, t in enumerate(caps)]
             c += len(caps)
             rows.append(NewImage(vector=v, sha256=digest, path=str(path), filename=Path(u.filename).name[:200] or path.name,

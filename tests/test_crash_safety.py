@@ -194,3 +194,33 @@ def test_interrupted_first_build_folder_is_reused_but_foreign_folders_are_not(tm
     (e / "holiday.jpg").write_bytes(b"not ours")
     with pytest.raises(FileExistsError, match="not an index"):
         check_target(e, overwrite=False)
+
+
+def test_two_threads_writing_one_file_do_not_share_a_temporary(tmp_path):
+    """Two requests uploading the same image write the same content-named file at once: each thread writes
+    through its own temporary, so both writes succeed and the file is whole (with one temporary name per
+    process, one thread's rename took the other's half-written file away)."""
+    import threading
+
+    from training.fsio import atomic_write_bytes, temp_name
+
+    path, data, errors = tmp_path / "same.jpg", os.urandom(1 << 20), []
+    names: set[Path] = set()
+    start = threading.Barrier(8)
+
+    def write() -> None:
+        names.add(temp_name(path))
+        start.wait()
+        try:
+            for _ in range(20):
+                atomic_write_bytes(path, data)
+        except OSError as e:  # FileNotFoundError when another thread renamed this thread's temporary
+            errors.append(e)
+
+    threads = [threading.Thread(target=write) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(names) == 8
+    assert path.read_bytes() == data and [p.name for p in tmp_path.iterdir()] == ["same.jpg"]

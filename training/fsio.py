@@ -1,6 +1,6 @@
 """Crash-safe file writes: every file this project writes is whole or absent.
 
-One pattern, used everywhere: write to a temporary name in the same folder (``.NAME.tmp<pid>``),
+One pattern, used everywhere: write to a temporary name in the same folder (``.NAME.tmp<pid>.<thread>``),
 flush and fsync it, ``os.replace`` it over the final name (atomic on POSIX), then fsync the folder
 so the rename itself survives a power cut. A process killed at any point leaves either the old file
 or the new one, plus at most an orphaned temporary that the next write to the same folder removes
@@ -23,6 +23,7 @@ import re
 import shutil
 import stat
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,8 +33,9 @@ _TMP_RE = re.compile(r"^\..+\.tmp(\d+)(\..*)?$")
 
 
 def temp_name(path: Path) -> Path:
-    """The temporary sibling this process writes ``path`` through."""
-    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+    """The temporary sibling this thread of this process writes ``path`` through (two threads writing
+    the same file, two requests uploading the same image, never share one)."""
+    return path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
 
 
 def _pid_alive(pid: int) -> bool:
