@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from app.launch import launch_local
-from indexer.build import build_dataset_index
-from indexer.caption_eval import evaluate_captioner, write_caption_report
-from indexer.evaluate import evaluate_index, load_report, per_query_path, write_report
+from indexer.build import EmbedEngine, IndexRequest, build_dataset_index
+from indexer.caption_eval import CaptionEvalOptions, evaluate_captioner, write_caption_report
+from indexer.evaluate import EvalOptions, evaluate_index, load_report, per_query_path, write_report
 from indexer.index import IndexDir, IndexDirError, load_index_dir, read_manifest
 from indexer.metrics import REPORT_KEYS, ndcg_key
 from indexer.training_validator import make_validator
@@ -115,8 +115,8 @@ def ensure_indexed(checkpoint: Path, dataset: str | Path, split: str, index_dir:
                 return load_index_dir(index_dir, checkpoint_sha256=sha)
         except IndexDirError as e:
             log.warning("rebuilding %s: %s", index_dir, e)
-    return build_dataset_index(checkpoint, dataset, split, index_dir, factory=factory, shortcuts=shortcuts,
-                               overwrite=True)
+    request = IndexRequest(index_dir, overwrite=True, engine=EmbedEngine(factory=factory))
+    return build_dataset_index(checkpoint, dataset, split, request, shortcuts=shortcuts)
 
 
 def ensure_evaluated(ix: IndexDir, *, relevance: str | None = "rougeL") -> dict:
@@ -126,7 +126,7 @@ def ensure_evaluated(ix: IndexDir, *, relevance: str | None = "rougeL") -> dict:
         if meta.get("checkpoint_sha256") == ix.manifest.get("checkpoint_sha256") and meta.get("relevance") == (
                 "rougeL" if relevance and relevance.lower().startswith("rouge") else relevance):
             return rep
-    rep = evaluate_index(ix, relevance=relevance, per_query=True)
+    rep = evaluate_index(ix, EvalOptions(relevance=relevance, per_query=True))
     write_report(ix, rep)  # moves the per-query arrays to per_query.gNNNN.npz
     return rep
 
@@ -178,6 +178,7 @@ def ensure_caption_report(checkpoint: Path, judges: dict[str, Path], out_dir: Pa
                 return rep
         except (ValueError, KeyError, TypeError) as e:
             log.warning("re-evaluating %s: %s", out_dir, e)
-    rep, captions = evaluate_captioner(checkpoint, split=split, judges={n: str(p) for n, p in judges.items()})
+    rep, captions = evaluate_captioner(checkpoint, split=split,
+                                       options=CaptionEvalOptions(judges={n: str(p) for n, p in judges.items()}))
     write_caption_report(out_dir, rep, captions)
     return rep

@@ -46,12 +46,12 @@ def build_synthetic(root: Path, *, images: int = 600, epochs: int = 5) -> tuple[
     """(--model specs, --captioner specs) for a retrieval index and a captioner built under ``root``."""
     from app.cli import main as ltd
     from bench._models import tiny_checkpoint
-    from indexer.build import build_dataset_index
+    from indexer.build import IndexRequest, build_dataset_index
     from training.prepare import resolve_dataset_path
 
     ckpt = tiny_checkpoint(root, image_size=224, embed_dim=256)
     ds = resolve_dataset_path("", synthetic_images=images)
-    ix = build_dataset_index(ckpt, ds, "test", root / "index")
+    ix = build_dataset_index(ckpt, ds, "test", IndexRequest(root / "index"))
     run = root / "captioner"
     # 480 training images in steps of 10 images x 5 captions: 240 steps, enough for captions of the
     # scenes' usual length

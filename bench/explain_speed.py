@@ -92,7 +92,7 @@ def api_latency(models: list[str], ids: list[int], log: Path) -> dict:
 def split_usage(models: list[str]) -> dict:
     """Both models' split-wide occlusion (no cache) and their comparison; then the cached path."""
     from search import SearchService
-    from search.word_usage import compare_usage, occlude_split
+    from search.word_usage import UsageOptions, compare_usage, occlude_split
 
     svc = SearchService({m.split("=", 1)[0]: m.split("=", 1)[1] for m in models})
     svc.registry.load()
@@ -103,7 +103,7 @@ def split_usage(models: list[str]) -> dict:
         t0, c0 = time.perf_counter(), time.process_time()
         ta = occlude_split(ea.index, svc.explainer.encode_variants(ea))
         tb = occlude_split(eb.index, svc.explainer.encode_variants(eb))
-        u = compare_usage(ea.index, eb.index, ta, tb, names=(a, b))
+        u = compare_usage(ea.index, eb.index, ta, tb, UsageOptions(names=(a, b)))
         fresh, fresh_cpu = time.perf_counter() - t0, time.process_time() - c0
         load1 = _machine.load1()
         svc.explainer.word_usage(a, b)  # writes the caches
@@ -153,7 +153,7 @@ def write(res: dict, command: str, note: str) -> None:
 
 def build_synthetic(root: Path) -> list[str]:
     from app.pipeline import train_run
-    from indexer.build import build_dataset_index
+    from indexer.build import IndexRequest, build_dataset_index
     from training.config import load_config
     from training.prepare import resolve_dataset_path
 
@@ -163,7 +163,7 @@ def build_synthetic(root: Path) -> list[str]:
                                    "train.epochs=2"])
         res = train_run(cfg, root / "runs" / name)
         ds = resolve_dataset_path("", synthetic_images=600)
-        ix = build_dataset_index(res.run_dir / "best.pt", ds, "test", root / name)
+        ix = build_dataset_index(res.run_dir / "best.pt", ds, "test", IndexRequest(root / name))
         out.append(f"{name}={ix.path}")
     return out
 

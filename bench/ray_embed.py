@@ -51,7 +51,7 @@ def runtime_label() -> str:
 
 def run(args) -> dict:
     from indexer import ray_engine
-    from indexer.build import build_corpus_index
+    from indexer.build import EmbedEngine, IndexRequest, build_corpus_index
     from indexer.ray_engine import RayOptions
 
     res = {"machine": machine_line(), "date": today(), "images": args.images, "captions": 5 * args.images,
@@ -63,7 +63,7 @@ def run(args) -> dict:
         imgs = tmp / "images"
         make_jpegs(imgs, args.images)
         caps = captions_file(tmp / "captions.txt", 5 * args.images)
-        build_corpus_index(ckpt, tmp / "warm", images_dir=imgs, captions_file=caps)  # exports, caches
+        build_corpus_index(ckpt, IndexRequest(tmp / "warm"), images_dir=imgs, captions_file=caps)  # exports, caches
         ref = None
         # local runs on both sides of the 1-worker Ray run: on a shared VM the same local run varied by
         # 14 % within minutes, so the overhead is taken against the two that bracket it
@@ -71,8 +71,8 @@ def run(args) -> dict:
                            ("local (again)", None), ("ray, 2 workers", RayOptions(workers=2, shard_dir=tmp / "s2"))):
             load = load1()
             t = time.perf_counter()
-            ix = build_corpus_index(ckpt, tmp / label.replace(" ", "_").replace(",", ""), images_dir=imgs,
-                                    captions_file=caps, ray=ray)
+            request = IndexRequest(tmp / label.replace(" ", "_").replace(",", ""), engine=EmbedEngine(ray=ray))
+            ix = build_corpus_index(ckpt, request, images_dir=imgs, captions_file=caps)
             wall = time.perf_counter() - t
             vecs = np.asarray(ix.images.vectors)
             ref = vecs if ref is None else ref

@@ -28,8 +28,8 @@ KEYS = ("i2t_R@1", "i2t_R@5", "i2t_R@10", "t2i_R@1", "t2i_R@5", "t2i_R@10", "rsu
 
 
 def run(args) -> dict:
-    from indexer.build import build_dataset_index
-    from indexer.evaluate import evaluate_index
+    from indexer.build import EmbedEngine, IndexRequest, build_dataset_index
+    from indexer.evaluate import EvalOptions, evaluate_index
     from training.models.runtimes import installed
 
     data = Path(os.environ["LTD_DATA_DIR"]) / "dataset_flickr8k.json"
@@ -40,9 +40,10 @@ def run(args) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             os.environ["LTD_CACHE_DIR"] = str(Path(tmp) / "cache")
             load, t = load1(), time.perf_counter()
-            ix = build_dataset_index(args.checkpoint, data, "test", Path(tmp) / "ix", runtime=rt)
+            request = IndexRequest(Path(tmp) / "ix", engine=EmbedEngine(runtime=rt))
+            ix = build_dataset_index(args.checkpoint, data, "test", request)
             wall = time.perf_counter() - t
-            rep = evaluate_index(ix, relevance=None)
+            rep = evaluate_index(ix, EvalOptions(relevance=None))
             vecs = np.asarray(ix.images.vectors).copy()
         ref = vecs if ref is None else ref
         row = {"runtime": rt, "wall_s": wall, "load1": load, **{k: rep[k] for k in KEYS},

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ from indexer.index import (
     relative_to_index,
     save_index_dir,
 )
-from indexer.ray_engine import ray_embed, remove_shards
+from indexer.ray_engine import RayOptions, ray_embed, remove_shards
 from training.checkpoint import (
     CheckpointError,
     load_checkpoint,
@@ -52,6 +53,44 @@ from training.regions import read_precomputed
 
 log = logging.getLogger(__name__)
 
+
+@dataclass(frozen=True)
+class EmbedEngine:
+    """How a build embeds and stores an index's vectors: the FAISS ``factory`` of both sides, the
+    ``runtime`` that runs the frozen image backbone (``training/models/runtimes.py``; None: the
+    checkpoint's own) and ``ray``, a ``ray_engine.RayOptions`` to embed on a Ray cluster (None: in this
+    process)."""
+
+    factory: str = "Flat"
+    runtime: str | None = None
+    ray: RayOptions | None = None
+
+
+@dataclass(frozen=True)
+class IndexRequest:
+    """The index :func:`build_dataset_index` or :func:`build_corpus_index` writes: the folder ``out``
+    (``overwrite``: an index already there is replaced), its ``name`` in the manifest (None: the folder's
+    name) and the ``engine`` that embeds and stores its vectors."""
+
+    out: str | Path
+    overwrite: bool = False
+    name: str | None = None
+    engine: EmbedEngine = field(default_factory=EmbedEngine)
+
+
+@dataclass(frozen=True)
+class CorpusSource:
+    """What :func:`_corpus_items` embeds: the images of the folder ``images_dir`` and the captions of the
+    file ``captions_file`` (either may be None), numbered from ``start_image_id`` and ``start_caption_id``.
+    Items already in the index (``known_images``: content sha256 of indexed and of skipped files;
+    ``known_texts``: caption text) are left out, so an append that is run twice adds nothing the second time."""
+
+    images_dir: str | Path | None = None
+    captions_file: str | Path | None = None
+    start_image_id: int = 0
+    start_caption_id: int = 0
+    known_images: AbstractSet[str] = frozenset()
+    known_texts: AbstractSet[str] = frozenset()
 
 
 @dataclass
@@ -161,13 +200,12 @@ def split_images_meta(ds, kept_imgs: list, c2i: list[int]) -> dict:
     return meta
 
 
-def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str, out: str | Path, *,
-                        factory: str = "Flat", images_root: str | None = None, shortcuts: str = "none",
-                        overwrite: bool = False, name: str | None = None, runtime: str | None = None, ray=None,
-                        columns: str = "") -> IndexDir:
-    """Index a split of a dataset in any format (``training/data/formats.py``; ground truth: its captions).
-    ``ray``: a ``ray_engine.RayOptions``; ``columns``: a table's column roles."""
-    check_target(Path(out), overwrite)
+def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str, request: IndexRequest, *,
+                        images_root: str | None = None, shortcuts: str = "none", columns: str = "") -> IndexDir:
+    """Index a split of a dataset in any format (``training/data/formats.py``; ground truth: its captions)
+    where and how ``request`` says; ``columns``: a table's column roles."""
+    out, factory, runtime, ray = request.out, request.engine.factory, request.engine.runtime, request.engine.ray
+    check_target(Path(out), request.overwrite)
     ds = read_dataset(dataset, images_root=images_root, drop_missing=True, columns=columns)
     ds.split(split)  # an unknown split fails here, before the model loads
     lm = load_model(checkpoint, runtime)
@@ -201,14 +239,15 @@ def build_dataset_index(checkpoint: str | Path, dataset: str | Path, split: str,
     if any(c.annid is not None for c in sp.captions):
         captions_meta["annids"] = [c.annid for c in sp.captions]
     skipped = outside + [{"file": str(sp.images[k].path), "reason": r} for k, r in sorted(failed.items())]
-    manifest = {"name": name or Path(out).name, **_checkpoint_fields(lm, out),
+    manifest = {"name": request.name or Path(out).name, **_checkpoint_fields(lm, out),
                 "model": lm.meta, "dataset": {"name": ds.name, "json": str(ds.json_path), "split": sp.name,
                                               "images_root": str(ds.root.resolve())},
                 "image_roots": [str(r) for r in roots],
                 "ground_truth": bool(sp.captions), "shortcuts": shortcuts, "factory": factory, "metric": "inner_product",
                 "dim": int(img_vecs.shape[1]), "normalized": True, "skipped": skipped, "versions": versions()}
     ix = save_index_dir(out, manifest, Modality(build_vector_index(img_vecs, factory), img_vecs, images_meta),
-                        Modality(build_vector_index(txt_vecs, factory), txt_vecs, captions_meta), overwrite=overwrite)
+                        Modality(build_vector_index(txt_vecs, factory), txt_vecs, captions_meta),
+                        overwrite=request.overwrite)
     image_roots.record(ix.path, roots)
     _drop_shards(ray)
     return ix
@@ -266,23 +305,21 @@ def _new_texts(path: Path, known_texts: set[str]) -> list[str]:
     return texts
 
 
-def _corpus_items(lm: LoadedModel, images_dir: str | Path | None, captions_file: str | Path | None, start_image_id: int,
-                  start_caption_id: int, embed: EmbedFn, *, known_images: set[str] = frozenset(),
-                  known_texts: set[str] = frozenset()):
-    """Embeddings and metadata of a folder's images and a file's captions. Items already in the index
-    (``known_images``: content sha256 of indexed and of skipped files; ``known_texts``: caption text) are
-    left out, so an append that is run twice adds nothing the second time."""
-    folder = Path(images_dir) if images_dir else None
-    new = _new_images(folder, known_images) if folder else []
+def _corpus_items(lm: LoadedModel, source: CorpusSource, embed: EmbedFn):
+    """Embeddings and metadata of a folder's images and a file's captions, those already in the index left
+    out (:class:`CorpusSource` says which)."""
+    folder = Path(source.images_dir) if source.images_dir else None
+    new = _new_images(folder, source.known_images) if folder else []
     outside = [p for p, _ in new if not inside_roots(p.resolve(), [folder.resolve()])]
     if outside:  # links to files elsewhere: the server would refuse to show them, so they are not indexed
         log.warning("%d files under %s resolve outside it (symlinks): skipped", len(outside), folder)
         new = [(p, d) for p, d in new if p not in set(outside)]
-    texts = _new_texts(Path(captions_file), known_texts) if captions_file else []
+    texts = _new_texts(Path(source.captions_file), source.known_texts) if source.captions_file else []
     img_vecs, failed, txt_vecs = embed([p for p, _ in new], texts)
     ok = [(p, d) for k, (p, d) in enumerate(new) if k not in failed]
     skipped = [{"file": str(p), "reason": "resolves outside the images folder"} for p in outside]
     skipped += [{"file": str(new[k][0]), "reason": r, "sha256": new[k][1]} for k, r in sorted(failed.items())]
+    start_image_id, start_caption_id = source.start_image_id, source.start_caption_id
     images_meta = {"ids": list(range(start_image_id, start_image_id + len(ok))),
                    "filenames": [str(p.relative_to(folder)) for p, _ in ok],
                    "paths": [str(p.resolve()) for p, _ in ok], "captions": [[] for _ in ok], "sha256": [d for _, d in ok],
@@ -292,26 +329,27 @@ def _corpus_items(lm: LoadedModel, images_dir: str | Path | None, captions_file:
     return img_vecs, images_meta, txt_vecs, captions_meta, skipped
 
 
-def build_corpus_index(checkpoint: str | Path, out: str | Path, *, images_dir: str | Path | None = None,
-                       captions_file: str | Path | None = None, factory: str = "Flat", overwrite: bool = False,
-                       name: str | None = None, runtime: str | None = None, ray=None) -> IndexDir:
-    """Index a folder of images and/or a file of captions (no ground truth). ``ray``: a
-    ``ray_engine.RayOptions`` to embed on a Ray cluster instead of in this process."""
+def build_corpus_index(checkpoint: str | Path, request: IndexRequest, *, images_dir: str | Path | None = None,
+                       captions_file: str | Path | None = None) -> IndexDir:
+    """Index a folder of images and/or a file of captions (no ground truth) where and how ``request`` says
+    (its engine's ``ray``: embedded on a Ray cluster instead of in this process)."""
+    out, factory, runtime, ray = request.out, request.engine.factory, request.engine.runtime, request.engine.ray
     check_corpus_inputs(images_dir, captions_file)
-    check_target(Path(out), overwrite)
+    check_target(Path(out), request.overwrite)
     lm = load_model(checkpoint, runtime)
     embed = ray_embed_fn(lm, ray, runtime) if ray else local_embed_fn(lm)
-    img_vecs, images_meta, txt_vecs, captions_meta, skipped = _corpus_items(lm, images_dir, captions_file, 0, 0, embed)
+    img_vecs, images_meta, txt_vecs, captions_meta, skipped = _corpus_items(
+        lm, CorpusSource(images_dir, captions_file), embed)
     def vindex(v):  # an empty side cannot train IVF/PQ; it stays an (empty) exact index
         return build_vector_index(v, factory if len(v) else "Flat")
-    manifest = {"name": name or Path(out).name, **_checkpoint_fields(lm, out),
+    manifest = {"name": request.name or Path(out).name, **_checkpoint_fields(lm, out),
                 "model": lm.meta, "dataset": {"name": "corpus", "images_dir": str(images_dir or ""),
                                               "captions_file": str(captions_file or ""), "split": None},
                 "image_roots": [str(Path(images_dir).resolve())] if images_dir else [],
                 "ground_truth": False, "shortcuts": "none", "factory": factory, "metric": "inner_product",
                 "dim": int(lm.model.image.embed_dim), "normalized": True, "skipped": skipped, "versions": versions()}
     ix = save_index_dir(out, manifest, Modality(vindex(img_vecs), img_vecs, images_meta),
-                        Modality(vindex(txt_vecs), txt_vecs, captions_meta), overwrite=overwrite)
+                        Modality(vindex(txt_vecs), txt_vecs, captions_meta), overwrite=request.overwrite)
     image_roots.record(ix.path, [images_dir] if images_dir else [])
     _drop_shards(ray)
     return ix
@@ -330,9 +368,9 @@ def append_corpus(index_dir: str | Path, checkpoint: str | Path, *, images_dir=N
     # photos already indexed, and files already tried and skipped: neither is embedded or listed again
     known_images = {d for d in ix.images.meta.get("sha256", []) if d}
     known_images |= {s["sha256"] for s in ix.manifest.get("skipped", []) if s.get("sha256")}
-    img_vecs, images_meta, txt_vecs, captions_meta, skipped = _corpus_items(
-        lm, images_dir, captions_file, next_img, next_cap, local_embed_fn(lm), known_images=known_images,
-        known_texts=set(ix.captions.meta.get("texts", [])))
+    corpus = CorpusSource(images_dir, captions_file, next_img, next_cap, known_images=known_images,
+                          known_texts=set(ix.captions.meta.get("texts", [])))
+    img_vecs, images_meta, txt_vecs, captions_meta, skipped = _corpus_items(lm, corpus, local_embed_fn(lm))
     if not len(img_vecs) and not len(txt_vecs) and not skipped:
         log.info("%s: nothing new to add", index_dir)
         return ix

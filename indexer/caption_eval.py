@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,24 @@ log = logging.getLogger(__name__)
 REPORT_KEYS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D")
 
 
+@dataclass(frozen=True)
+class CaptionEvalOptions:
+    """How :func:`evaluate_captioner` decodes and scores: beam search of width ``beam`` (``allow_unk``: the
+    decoder may emit ``<unk>``, suppressed by default; the report records which) over at most ``max_images``
+    images (0: all); ``meteor`` as ``indexer.caption_metrics.coco_scores`` takes it (None: when Java is there,
+    False: skipped); ``retrieval``, a retrieval checkpoint that gives the report's ``self_R@k``, and
+    ``judges`` (name → retrieval checkpoint) that score the same captions under further retrieval models;
+    ``cache_dir``: the feature cache ("": the captioner's config's)."""
+
+    retrieval: str | Path | None = None
+    beam: int = 5
+    meteor: bool | None = None
+    max_images: int = 0
+    cache_dir: str = ""
+    judges: dict[str, str | Path] | None = None
+    allow_unk: bool = False
+
+
 def dataset_of(ckpt: dict, dataset: str | None, cache_dir: str = "") -> Dataset:
     """``--dataset`` (a Karpathy JSON or its folder), or the dataset the captioner was trained on."""
     if dataset:
@@ -41,16 +60,15 @@ def dataset_of(ckpt: dict, dataset: str | None, cache_dir: str = "") -> Dataset:
 
 
 def evaluate_captioner(checkpoint: str | Path, *, dataset: str | None = None, split: str = "test",
-                       retrieval: str | Path | None = None, beam: int = 5, meteor: bool | None = None,
-                       max_images: int = 0, cache_dir: str = "",
-                       judges: dict[str, str | Path] | None = None, allow_unk: bool = False
-                       ) -> tuple[dict, list[dict]]:
-    """(report, captions [{image_id, filename, caption, references}]) for one split.
+                       options: CaptionEvalOptions | None = None) -> tuple[dict, list[dict]]:
+    """(report, captions [{image_id, filename, caption, references}]) for one split, decoded and scored
+    as ``options`` says (:class:`CaptionEvalOptions`; None: its defaults).
 
-    ``retrieval`` gives the report's ``self_R@k``; ``judges`` (name → retrieval checkpoint) score the
-    same captions under further retrieval models, in ``report["judges"][name]`` (one decoding for all:
-    e.g. the judge a captioner was trained with and an independent one). ``allow_unk`` lets the
-    decoder emit ``<unk>`` (suppressed by default; the report records which)."""
+    The retrieval checkpoint gives the report's ``self_R@k``; each judge's scores are in
+    ``report["judges"][name]`` (one decoding for all: e.g. the judge a captioner was trained with and an
+    independent one)."""
+    o = options or CaptionEvalOptions()
+    retrieval, beam, max_images, cache_dir, allow_unk = o.retrieval, o.beam, o.max_images, o.cache_dir, o.allow_unk
     ckpt = load_caption_checkpoint(checkpoint)
     model, vocab, ccfg = captioner_from_checkpoint(ckpt)
     ds = dataset_of(ckpt, dataset, cache_dir)
@@ -64,7 +82,7 @@ def evaluate_captioner(checkpoint: str | Path, *, dataset: str | None = None, sp
     gen_seconds = time.time() - t0
     per_image = sp.image_to_captions
     refs = {j: [sp.captions[c].raw for c in per_image[i]] for j, i in enumerate(keep)}
-    scores = coco_scores(refs, {j: [c] for j, c in enumerate(caps)}, meteor=meteor)
+    scores = coco_scores(refs, {j: [c] for j, c in enumerate(caps)}, meteor=o.meteor)
     train_caps = [c.raw for c in ds.split("train").captions] if "train" in ds.split_counts() else []
     report: dict = {k: round(100 * scores[k], 2) for k in REPORT_KEYS if k in scores}
     report.update({"unique_%": round(100 * unique_share(caps), 2),
@@ -82,9 +100,9 @@ def evaluate_captioner(checkpoint: str | Path, *, dataset: str | None = None, sp
 
     if retrieval:
         report.update(judged(retrieval))
-    if judges:
+    if o.judges:
         report["judges"] = {name: {**judged(path), "path": str(path), "sha256": sha256_file(path)[:16]}
-                            for name, path in judges.items()}
+                            for name, path in o.judges.items()}
     report["meta"] = {
         "checkpoint": str(checkpoint), "checkpoint_sha256": sha256_file(checkpoint)[:16],
         "train_name": ccfg.train.name, "stage": ckpt.get("stage"), "epoch": ckpt.get("epoch"),

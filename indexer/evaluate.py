@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,23 @@ from training.fsio import atomic_path, atomic_write_text, write_json_atomic
 log = logging.getLogger(__name__)
 
 PER_QUERY = "per_query"
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """What :func:`evaluate_index` measures: nDCG@``ndcg_k`` with the graded ``relevance`` (``rougeL``, or a
+    relevance file; None: no nDCG); ``cxc`` / ``eccv``: COCO 5k test positives from CxC / ECCV Caption (ECCV:
+    its queries only; one of the two at most); ``protocols``: extra protocols of ``indexer/protocols.py``
+    (coco1k, eccv, pmrp; pmrp reads ``pm_dir``), reported beside the full split's numbers under their own
+    keys; ``per_query``: the per-query arrays are added to the report too."""
+
+    relevance: str | None = "rougeL"
+    cxc: bool = False
+    ndcg_k: int = 25
+    per_query: bool = False
+    eccv: bool = False
+    protocols: tuple[str, ...] = ()
+    pm_dir: str | Path | None = None
 
 
 def ground_truth(ix: IndexDir) -> tuple[np.ndarray, np.ndarray]:
@@ -58,15 +76,13 @@ def retuned_recalls(ix: IndexDir) -> dict:
     return out
 
 
-def evaluate_index(ix: IndexDir, *, relevance: str | None = "rougeL", cxc: bool = False, ndcg_k: int = 25,
-                   per_query: bool = False, eccv: bool = False, protocols: tuple[str, ...] = (),
-                   pm_dir: str | Path | None = None) -> dict:
-    """The report of an index; ``per_query`` adds the per-query arrays under ``report["per_query"]``
-    (ranks and nDCG, in query order; ``write_report`` moves them to ``per_query.gNNNN.npz``).
-    ``cxc`` / ``eccv``: COCO 5k test positives from CxC / ECCV Caption (ECCV: its queries only).
-    ``protocols``: extra protocols of ``indexer/protocols.py`` (coco1k, eccv, pmrp; pmrp reads ``pm_dir``),
-    reported beside the full split's numbers under their own keys."""
+def evaluate_index(ix: IndexDir, options: EvalOptions | None = None) -> dict:
+    """The report of an index, measured as ``options`` says (:class:`EvalOptions`; None: its defaults). With
+    ``per_query``, the per-query arrays are under ``report["per_query"]`` (ranks and nDCG, in query order;
+    ``write_report`` moves them to ``per_query.gNNNN.npz``)."""
     t0 = time.time()
+    o = options or EvalOptions()
+    relevance, cxc, eccv, ndcg_k, protocols = o.relevance, o.cxc, o.eccv, o.ndcg_k, o.protocols
     if cxc and eccv:
         raise IndexDirError("choose one extra ground truth: CxC or ECCV Caption")
     source = "cxc" if cxc else "eccv" if eccv else None
@@ -97,7 +113,7 @@ def evaluate_index(ix: IndexDir, *, relevance: str | None = "rougeL", cxc: bool 
         t2i = {k: v[t2i_q] for k, v in t2i.items()}
     name = rel_name or "rougeL"
     m = _report(_summarise("i2t", i2t, ndcg_k, name), _summarise("t2i", t2i, ndcg_k, name), *sims.shape)
-    extra, extra_q = _protocols(ix, protocols, pm_dir, mask)
+    extra, extra_q = _protocols(ix, protocols, o.pm_dir, mask)
     report = {k: (round(float(v), 4) if isinstance(v, (float, np.floating)) else v) for k, v in {**m, **extra}.items()}
     mf = ix.manifest
     report["meta"] = {"index": str(ix.path), "index_generation": ix.generation, "name": ix.name,
@@ -113,7 +129,7 @@ def evaluate_index(ix: IndexDir, *, relevance: str | None = "rougeL", cxc: bool 
         report["meta"]["index_recall@10"] = round(index_recall(ix), 4)
     if tuning_checks := retuned_recalls(ix):
         report["meta"]["index_tuning"] = tuning_checks
-    if per_query:  # written by write_report as per_query.gNNNN.npz (the paired bootstrap's input)
+    if o.per_query:  # written by write_report as per_query.gNNNN.npz (the paired bootstrap's input)
         # t2i_image: each caption query's image (its row among the i2t queries), so a bootstrap can
         # resample images together with their captions
         report[PER_QUERY] = {"i2t_first_rank": i2t["first_rank"], "t2i_first_rank": t2i["first_rank"],

@@ -23,7 +23,7 @@ from search.embedmap import EmbeddingMap, embedding_map
 from search.encoding import QueryEncoder
 from search.errors import BadRequest
 from search.registry import ModelEntry
-from search.word_usage import VariantEncoder, WordUsage, compare_usage, occlusion_table, text_variants
+from search.word_usage import UsageOptions, VariantEncoder, WordUsage, compare_usage, occlusion_table, text_variants
 
 MAX_MODELS = 4
 
@@ -126,8 +126,8 @@ class Explainer:
         ea, eb = self._get(a), self._get(b)
         ta, tb = self.occlusion(a), self.occlusion(b)
         try:
-            return compare_usage(base_index(ea), base_index(eb), ta, tb, names=(a, b), min_count=max(1, int(min_count)),
-                                 keep=served_base_captions(ea, eb))
+            options = UsageOptions(names=(a, b), min_count=max(1, int(min_count)))
+            return compare_usage(base_index(ea), base_index(eb), ta, tb, options, keep=served_base_captions(ea, eb))
         except IndexDirError as err:
             raise BadRequest(str(err)) from None
 

@@ -112,31 +112,41 @@ def warm_up(backbone) -> None:
         backbone.extract(torch.zeros(1, 3, size, size, device=backbone.device))
 
 
-def load_entry(name: str, path: Path, *, checkpoint: Path | None = None, verify: str = "hash",
-               images_roots: tuple[str, ...] = (), writable: bool = False, model: DualEncoder | None = None,
-               shards=None) -> ModelEntry:
-    """Load one model: the index directory ``path`` (verified against its manifest: ``verify`` = hash
-    or counts), then the checkpoint that built it (``checkpoint`` when it moved), checked by sha256
-    before it is unpickled (``weights_only``), in eval mode on the process's device (``training.device``:
-    the service sets it from its config) — or ``model``, the already
-    loaded model of this checkpoint (a reload of the same index). Image files are served only from the
-    manifest's folders that ``images_roots`` (or, without it, the record ``ltd index`` made) allows; the
-    index is served living (search/live.py), its item store created when ``writable``. A sharded index's
-    shards are searched by the engine ``shards`` (search/sharded.py; default in this process). IndexDirError for
-    an index or checkpoint that does not match; the checkpoint loader's errors otherwise. Seconds: call
-    it off the event loop (the registry's loading thread does)."""
+@dataclass(frozen=True)
+class EntryOptions:
+    """How :func:`load_entry` finds, checks and serves a model's files: the ``checkpoint`` (None: the manifest's;
+    given when it moved), ``verify`` (``hash`` or ``counts``: how the index files are checked against the manifest),
+    the ``images_roots`` image files may be served from (none: the record ``ltd index`` made), ``writable`` (the item
+    store is created, writes allowed), the engine ``shards`` of a sharded index (search/sharded.py; None: local)."""
+
+    checkpoint: Path | None = None
+    verify: str = "hash"
+    images_roots: tuple[str, ...] = ()
+    writable: bool = False
+    shards: Callable | None = None
+
+
+def load_entry(name: str, path: Path, options: EntryOptions | None = None, *,
+               model: DualEncoder | None = None) -> ModelEntry:
+    """Load one model as ``options`` says (:class:`EntryOptions`; None: its defaults): the index directory ``path``,
+    verified against its manifest, then the checkpoint that built it, checked by sha256 before it is unpickled
+    (``weights_only``), in eval mode on the process's device (``training.device``) — or ``model``, the loaded model of
+    this checkpoint (a reload of the same index). Image files are served only from the manifest's folders the options
+    allow; the index is served living (search/live.py). IndexDirError for an index or checkpoint that does not match;
+    the checkpoint loader's errors otherwise. Seconds: call it off the event loop (the registry's loader does)."""
+    o = options or EntryOptions()
     manifest = read_manifest(path)
-    ckpt = resolve_checkpoint(path, manifest, checkpoint)
+    ckpt = resolve_checkpoint(path, manifest, o.checkpoint)
     sha = sha256_file(ckpt)
     if sha != manifest.get("checkpoint_sha256"):  # before the file is even unpickled
         raise IndexDirError(f"{ckpt} is not the checkpoint that built {path} (sha256 {sha[:12]}…, the manifest "
                             f"says {str(manifest.get('checkpoint_sha256'))[:12]}…); rebuild the index with "
                             "`ltd index` or serve it with the checkpoint that built it")
     if is_sharded(manifest):
-        ix = load_sharded(path, engine=shards or LocalShards, checkpoint_sha256=sha, verify=verify)
+        ix = load_sharded(path, engine=o.shards or LocalShards, checkpoint_sha256=sha, verify=o.verify)
     else:
-        ix = load_index_dir(path, checkpoint_sha256=sha, verify=verify, mmap=True)  # IVF lists mapped, not read
-    ix.confine(allowed_roots(path, ix.image_roots, images_roots))  # not wider than the operator allowed
+        ix = load_index_dir(path, checkpoint_sha256=sha, verify=o.verify, mmap=True)  # IVF lists mapped, not read
+    ix.confine(allowed_roots(path, ix.image_roots, o.images_roots))  # not wider than the operator allowed
     if model is None:
         lm = load_model(ckpt)
         model = lm.model
@@ -144,7 +154,7 @@ def load_entry(name: str, path: Path, *, checkpoint: Path | None = None, verify:
         if model.image.backbone is not None:
             warm_up(model.image.backbone)
     run_dir = ckpt.parent if (ckpt.parent / "metrics.jsonl").is_file() else None
-    live = LiveIndex.open(ix, writable=writable)
+    live = LiveIndex.open(ix, writable=o.writable)
     return bind(ModelEntry(name=name, index=ix, model=model, checkpoint=ckpt, sha256=sha,
                            report=load_report(path, ix.generation), run_dir=run_dir, live=live))
 
@@ -241,9 +251,9 @@ class ModelRegistry:
         self.ready.set()
 
     def _load_one(self, name: str, model: DualEncoder | None = None) -> ModelEntry:
-        return load_entry(name, self.specs[name], checkpoint=self.checkpoints.get(name), verify=self.verify,
-                          images_roots=self.images_roots, writable=self.writable, model=model,
-                          shards=self.shard_engine)
+        options = EntryOptions(checkpoint=self.checkpoints.get(name), verify=self.verify,
+                               images_roots=self.images_roots, writable=self.writable, shards=self.shard_engine)
+        return load_entry(name, self.specs[name], options, model=model)
 
     @property
     def entries(self) -> dict[str, ModelEntry]:

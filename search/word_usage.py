@@ -209,10 +209,23 @@ def _examples(k: np.ndarray, lean: np.ndarray, rows: np.ndarray, n: int) -> list
     return out
 
 
-def compare_usage(a: IndexDir, b: IndexDir, ta: dict, tb: dict, *, names: tuple[str, str] = ("a", "b"),
-                  min_count: int = 5, examples: int = 3, keep: np.ndarray | None = None) -> WordUsage:
+@dataclass(frozen=True)
+class UsageOptions:
+    """How :func:`compare_usage` reports: the two models' ``names``, the words it lists (those seen at least
+    ``min_count`` times) and how many ``examples`` each word shows (occurrences where the models differ most)."""
+
+    names: tuple[str, str] = ("a", "b")
+    min_count: int = 5
+    examples: int = 3
+
+
+def compare_usage(a: IndexDir, b: IndexDir, ta: dict, tb: dict, options: UsageOptions | None = None, *,
+                  keep: np.ndarray | None = None) -> WordUsage:
     """Per word form, a's and b's use of it over the occurrences both tables have (only those of the
-    caption rows ``keep`` marks, when given)."""
+    caption rows ``keep`` marks, when given), reported as ``options`` says (:class:`UsageOptions`; None: its
+    defaults)."""
+    o = options or UsageOptions()
+    names, min_count, examples = o.names, o.min_count, o.examples
     check_comparable(plain_ids(a), plain_ids(b))
     ia, ib = _join(ta, tb)
     if keep is not None:

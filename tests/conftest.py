@@ -154,7 +154,7 @@ def tiny_index_pair(tmp_path_factory):
     """Two trained tiny models (baseline, LTD constraint) on the synthetic test split, indexed and
     evaluated: {"bl": index_dir, "ltd": index_dir, "dataset": json, "runs": {...}}."""
     from app.pipeline import train_run
-    from indexer.build import build_dataset_index
+    from indexer.build import IndexRequest, build_dataset_index
     from indexer.evaluate import evaluate_index, write_report
     from training.prepare import resolve_dataset_path
 
@@ -164,7 +164,7 @@ def tiny_index_pair(tmp_path_factory):
         cfg = tiny_config(mode)
         res = train_run(cfg, root / "runs" / name)
         ds = resolve_dataset_path("", synthetic_images=60)
-        ix = build_dataset_index(res.run_dir / "best.pt", ds, "test", root / "indexes" / name)
+        ix = build_dataset_index(res.run_dir / "best.pt", ds, "test", IndexRequest(root / "indexes" / name))
         write_report(ix, evaluate_index(ix))
         out[name], out["dataset"] = ix.path, ds
         out["runs"][name] = res.run_dir

@@ -161,11 +161,11 @@ def test_identical_models_give_a_zero_interval_and_mismatch_raises():
 
 
 def test_per_query_results_reproduce_the_report(tiny_index_pair):
-    from indexer.evaluate import evaluate_index, load_per_query, write_report
+    from indexer.evaluate import EvalOptions, evaluate_index, load_per_query, write_report
     from indexer.index import load_index_dir
 
     ix = load_index_dir(tiny_index_pair["bl"])
-    rep = evaluate_index(ix, per_query=True)
+    rep = evaluate_index(ix, EvalOptions(per_query=True))
     pq = rep["per_query"]
     i2t, t2i = recall_points(pq["i2t_first_rank"]).mean(), recall_points(pq["t2i_first_rank"]).mean()
     assert i2t + t2i == pytest.approx(rep["rsum"], abs=1e-3)
@@ -184,11 +184,11 @@ def test_an_evaluation_record_without_its_index_still_bootstraps(tiny_index_pair
     import json
     import shutil
 
-    from indexer.evaluate import evaluate_index, load_per_query, write_report
+    from indexer.evaluate import EvalOptions, evaluate_index, load_per_query, write_report
     from indexer.index import load_index_dir
 
     ix = load_index_dir(tiny_index_pair["bl"])
-    write_report(ix, evaluate_index(ix, per_query=True))
+    write_report(ix, evaluate_index(ix, EvalOptions(per_query=True)))
     record = tmp_path / "record"
     record.mkdir()
     for p in ix.path.glob("per_query.*.npz"):

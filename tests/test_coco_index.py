@@ -19,7 +19,7 @@ def coco_index(tmp_path_factory):
     test index. Returns (root, made, test images, index dir)."""
     from app.cli import main
     from app.pipeline import train_run
-    from indexer.build import build_dataset_index
+    from indexer.build import IndexRequest, build_dataset_index
 
     root = tmp_path_factory.mktemp("coco_e2e")
     made = write_coco(root / "coco", "2017", {"train": 24, "val": 6}, caps=5)
@@ -29,7 +29,7 @@ def coco_index(tmp_path_factory):
                  "--val-size", "5", "--out", str(root / "coco.json")]) == 0
     cfg = tiny_config(extra=[f"data.path={root / 'coco.json'}", "train.epochs=1", "train.batch_size=16"])
     res = train_run(cfg, root / "run")
-    ix = build_dataset_index(res.run_dir / "best.pt", root / "coco.json", "test", root / "index")
+    ix = build_dataset_index(res.run_dir / "best.pt", root / "coco.json", "test", IndexRequest(root / "index"))
     return root, made, test_imgs, ix
 
 
@@ -64,7 +64,7 @@ def _stand_in_maps(pkg, test_imgs, cocoids_by_ann):
 @pytest.mark.training
 def test_cxc_and_eccv_positives_attach_to_the_test_split(coco_index, tmp_path, monkeypatch):
     import indexer.relevance as relevance
-    from indexer.evaluate import evaluate_index
+    from indexer.evaluate import EvalOptions, evaluate_index
     from indexer.metrics import query_metrics
 
     _, _, test_imgs, ix = coco_index
@@ -77,19 +77,19 @@ def test_cxc_and_eccv_positives_attach_to_the_test_split(coco_index, tmp_path, m
     sims = np.asarray(ix.images.vectors) @ np.asarray(ix.captions.vectors).T
     c2i = np.asarray(ix.captions.meta["image"])
     # CxC: every query, the original positives plus CxC's
-    rep = evaluate_index(ix, relevance=None, cxc=True)
+    rep = evaluate_index(ix, EvalOptions(relevance=None, cxc=True))
     ref = query_metrics(sims, [np.concatenate([np.flatnonzero(c2i == k), i2t[k]]) for k in range(len(c2i) // 5)])
     assert rep["meta"]["ground_truth"] == "cxc" and rep["meta"]["queries"] == {"i2t": 5, "t2i": 25}
     assert rep["i2t_R@1"] == pytest.approx(100 * np.mean(ref["hit@1"]), abs=1e-3)
     assert rep["i2t_R-P"] == pytest.approx(100 * np.mean(ref["rprec"]), abs=1e-3)
     # ECCV Caption: only the re-annotated queries (images 0 and 2, the captions of image 0)
-    rep = evaluate_index(ix, relevance=None, eccv=True)
+    rep = evaluate_index(ix, EvalOptions(relevance=None, eccv=True))
     assert rep["meta"]["ground_truth"] == "eccv" and rep["meta"]["queries"] == {"i2t": 2, "t2i": 5}
     ref_t = query_metrics(sims.T[:5], [np.array([0, 2])] * 5)
     assert rep["t2i_R@1"] == pytest.approx(100 * np.mean(ref_t["hit@1"]), abs=1e-3)
     assert rep["t2i_R-P"] == pytest.approx(100 * np.mean(ref_t["rprec"]), abs=1e-3)
     with pytest.raises(Exception, match="choose one"):
-        evaluate_index(ix, relevance=None, cxc=True, eccv=True)
+        evaluate_index(ix, EvalOptions(relevance=None, cxc=True, eccv=True))
 
 
 @pytest.mark.training

@@ -255,7 +255,7 @@ def test_a_shard_corpus_larger_than_the_memory_bound_indexes(clip_dir, tmp_path)
 
     from PIL import Image
 
-    from indexer.build import build_dataset_index
+    from indexer.build import IndexRequest, build_dataset_index
     from training.checkpoint import save_checkpoint, zero_shot_checkpoint
 
     rng = np.random.default_rng(0)
@@ -271,7 +271,7 @@ def test_a_shard_corpus_larger_than_the_memory_bound_indexes(clip_dir, tmp_path)
     ckpt = save_checkpoint(tmp_path / "zs.pt", zero_shot_checkpoint(clip_dir))
     tracemalloc.start()
     try:
-        ix = build_dataset_index(ckpt, tmp_path / "big", "test", tmp_path / "ix")
+        ix = build_dataset_index(ckpt, tmp_path / "big", "test", IndexRequest(tmp_path / "ix"))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

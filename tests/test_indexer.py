@@ -159,8 +159,8 @@ def test_cxc_positives_from_package(tmp_path):
         expected = sorted(pos[int(a)] for a in i2t.get(str(c), []) if int(a) in pos)
         assert i2t_extra[k].tolist() == expected
     assert sum(len(e) for e in i2t_extra) > 0  # the sample has CxC links within itself
-    from indexer.evaluate import evaluate_index
-    rep = evaluate_index(ix, relevance=None, cxc=True)
+    from indexer.evaluate import EvalOptions, evaluate_index
+    rep = evaluate_index(ix, EvalOptions(relevance=None, cxc=True))
     assert rep["meta"]["ground_truth"] == "cxc" and 0 <= rep["i2t_R@1"] <= 100
     # without COCO ids, CxC is refused with a clear message
     ix.images.meta.pop("cocoids")

@@ -122,7 +122,7 @@ def test_every_number_equals_eccv_captions_own(setup, tmp_path, monkeypatch):
 def test_reports_name_their_protocol_and_the_bootstrap_covers_it(setup, tmp_path, monkeypatch):
     from indexer.ann import build_vector_index
     from indexer.bootstrap import paired_bootstrap
-    from indexer.evaluate import evaluate_index, render_markdown
+    from indexer.evaluate import EvalOptions, evaluate_index, render_markdown
     from indexer.index import Modality, save_index_dir
 
     sims, c2i = setup
@@ -142,7 +142,8 @@ def test_reports_name_their_protocol_and_the_bootstrap_covers_it(setup, tmp_path
         ix = save_index_dir(tmp_path / f"ix{noise}", {"name": "t", "ground_truth": True, "factory": "Flat"},
                             Modality(build_vector_index(img, "Flat"), img, images),
                             Modality(build_vector_index(txt, "Flat"), txt, caps))
-        rep = evaluate_index(ix, relevance=None, per_query=True, protocols=("coco1k", "eccv", "pmrp"), pm_dir=tmp_path)
+        rep = evaluate_index(ix, EvalOptions(relevance=None, per_query=True, protocols=("coco1k", "eccv", "pmrp"),
+                                             pm_dir=tmp_path))
         reports.append(rep)
     rep = reports[0]
     assert rep["meta"]["protocol"].startswith("full split") and set(rep["meta"]["protocols"]) == {"coco1k", "eccv", "pmrp"}

@@ -69,14 +69,14 @@ def trained(tmp_path_factory):
 @pytest.mark.slow
 @ray_installed
 def test_ray_and_local_engines_give_the_same_embeddings_and_report(trained, tmp_path):
-    from indexer.build import build_dataset_index
-    from indexer.evaluate import evaluate_index
+    from indexer.build import EmbedEngine, IndexRequest, build_dataset_index
+    from indexer.evaluate import EvalOptions, evaluate_index
     from indexer.ray_engine import RayOptions
 
     ckpt, dataset = trained
-    local = build_dataset_index(ckpt, dataset, "test", tmp_path / "local")
+    local = build_dataset_index(ckpt, dataset, "test", IndexRequest(tmp_path / "local"))
     opts = RayOptions(workers=2, shard_size=8, shard_dir=tmp_path / "shards")
-    dist = build_dataset_index(ckpt, dataset, "test", tmp_path / "ray", ray=opts)
+    dist = build_dataset_index(ckpt, dataset, "test", IndexRequest(tmp_path / "ray", engine=EmbedEngine(ray=opts)))
     from indexer.ray_engine import last_timings
     assert last_timings["embedding_s"] > 0 and last_timings["model_load_s"] > 0
     assert last_timings["wall_s"] >= last_timings["actor_start_s"] + last_timings["model_load_s"]
@@ -85,9 +85,9 @@ def test_ray_and_local_engines_give_the_same_embeddings_and_report(trained, tmp_
     cos = np.sum(np.asarray(dist.images.vectors) * np.asarray(local.images.vectors), axis=1)
     assert cos.min() > 0.9999, cos.min()  # local reads float16 cached features, Ray embeds from the files
     np.testing.assert_allclose(dist.captions.vectors, local.captions.vectors, atol=1e-5)
-    keys = [k for k in evaluate_index(local, relevance=None) if k != "meta"]
-    a = evaluate_index(local, relevance=None)
-    b = evaluate_index(dist, relevance=None)
+    keys = [k for k in evaluate_index(local, EvalOptions(relevance=None)) if k != "meta"]
+    a = evaluate_index(local, EvalOptions(relevance=None))
+    b = evaluate_index(dist, EvalOptions(relevance=None))
     assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
 
 
@@ -103,7 +103,7 @@ def _corpus(dataset: Path, tmp_path: Path) -> tuple[Path, Path]:
 @pytest.mark.slow
 @ray_installed
 def test_a_killed_ray_run_resumes_from_its_finished_shards(trained, tmp_path):
-    from indexer.build import build_corpus_index
+    from indexer.build import EmbedEngine, IndexRequest, build_corpus_index
     from indexer.ray_engine import RayOptions
 
     ckpt, dataset = trained
@@ -139,12 +139,13 @@ def test_a_killed_ray_run_resumes_from_its_finished_shards(trained, tmp_path):
 
     re_mod._run = spy
     try:
-        ix = build_corpus_index(ckpt, out, images_dir=images, captions_file=captions, ray=opts)
+        ix = build_corpus_index(ckpt, IndexRequest(out, engine=EmbedEngine(ray=opts)), images_dir=images,
+                                captions_file=captions)
     finally:
         re_mod._run = real_run
     assert set(before) <= done_at_resume and {s.name for s in sent}.isdisjoint(done_at_resume)
     assert len(sent) == len(plan) - len(done_at_resume)
-    local = build_corpus_index(ckpt, tmp_path / "local", images_dir=images, captions_file=captions)
+    local = build_corpus_index(ckpt, IndexRequest(tmp_path / "local"), images_dir=images, captions_file=captions)
     assert ix.images.meta["filenames"] == local.images.meta["filenames"]
     cos = np.sum(np.asarray(ix.images.vectors) * np.asarray(local.images.vectors), axis=1)
     assert cos.min() > 0.99999

@@ -18,13 +18,13 @@ FAMILIES = {
 
 def _train_index_eval(tmp_path, name: str, cfg):
     from app.pipeline import train_run
-    from indexer.build import build_dataset_index
+    from indexer.build import IndexRequest, build_dataset_index
     from indexer.evaluate import evaluate_index, write_report
     from training.prepare import resolve_dataset_path
 
     res = train_run(cfg, tmp_path / "runs" / name)
     ds = resolve_dataset_path("", synthetic_images=60)
-    ix = build_dataset_index(res.run_dir / "best.pt", ds, "test", tmp_path / "indexes" / name)
+    ix = build_dataset_index(res.run_dir / "best.pt", ds, "test", IndexRequest(tmp_path / "indexes" / name))
     report = evaluate_index(ix)
     write_report(ix, report)
     return res, ix, report

@@ -12,7 +12,7 @@ from search.attribution import split_words, without
 from search.derived import cached_arrays
 from search.embedmap import captions_with_word, images_with_word, pca_2d
 from search.occlusion_gru import GRUOcclusion
-from search.word_usage import compare_usage, occlude_split, text_variants, usage_markdown
+from search.word_usage import UsageOptions, compare_usage, occlude_split, text_variants, usage_markdown
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_compare_usage_aggregates_by_hand(svc):
     ix = svc.registry.entries["bl"].index
     words = ["red", "red", "red", "red", "dog", "the"]
     ta, tb = _tables(words, [0, 0, 0, 0, 2, 0], [1, -2, 0, 5, 0, 0], sa=[0.0, 0.1, 0, 0, 0.2, 0])
-    u = compare_usage(ix, ix, ta, tb, names=("A", "B"), min_count=1)
+    u = compare_usage(ix, ix, ta, tb, UsageOptions(names=("A", "B"), min_count=1))
     by = {w.word: w for w in u.words}
     red, dog = by["red"], by["dog"]
     moves = (np.log2(5 / 4) + 1 + 0 + np.log2(9 / 4)) / 4  # mean |log2(rank without / rank with)|
@@ -118,10 +118,10 @@ def test_compare_usage_aggregates_by_hand(svc):
     assert [w.word for w in u.words] == ["red", "the", "dog"]
     assert u.overall.n == 6 and u.overall.b_moves == pytest.approx(4 * moves / 6)
     assert u.overall.a_moves == pytest.approx(np.log2(6 / 4) / 6)
-    assert compare_usage(ix, ix, ta, tb, min_count=2).words[0].word == "red" and len(
-        compare_usage(ix, ix, ta, tb, min_count=2).words) == 1
+    assert compare_usage(ix, ix, ta, tb, UsageOptions(min_count=2)).words[0].word == "red" and len(
+        compare_usage(ix, ix, ta, tb, UsageOptions(min_count=2)).words) == 1
     twice = compare_usage(ix, ix, *_tables(["red", "red", "red"], [0, 0, 0], [4, 3, 1], rows=[0, 0, 1]),
-                          min_count=1).words[0]
+                          UsageOptions(min_count=1)).words[0]
     assert [x.caption_id for x in twice.examples] == [int(ix.captions.ids[0]), int(ix.captions.ids[1])]  # one each
     md = usage_markdown(u)
     assert f"| red | 4 | {red.images} | 0.00 | {moves:.2f} |" in md and "Words B uses and A ignores" in md
@@ -134,7 +134,7 @@ def test_the_lists_put_the_surest_differences_first(svc):
     spread = [int(np.flatnonzero(img == i)[0]) for i in range(5)]
     one = [int(r) for r in np.flatnonzero(img == 5)[:3]]
     ta, tb = _tables(["sure"] * 5 + ["lucky"] * 3, [0] * 8, [1, 1, 1, 1, 1, 12, 12, 12], rows=spread + one)
-    u = compare_usage(ix, ix, ta, tb, min_count=1)
+    u = compare_usage(ix, ix, ta, tb, UsageOptions(min_count=1))
     assert [w.word for w in u.words] == ["lucky", "sure"]  # by gap
     assert [w.word for w in u.b_uses()] == ["sure", "lucky"]  # by the interval's end nearest 0
 
@@ -146,13 +146,13 @@ def test_the_gap_interval_is_clustered_by_image(svc):
     img = np.asarray(ix.captions.meta["image"])
     one_per_image = [int(np.flatnonzero(img == i)[0]) for i in range(4)]
     ta, tb = _tables(["red"] * 4, [0, 0, 0, 1], [1, 1, 0, 1], rows=one_per_image)
-    w = compare_usage(ix, ix, ta, tb, min_count=1).words[0]
+    w = compare_usage(ix, ix, ta, tb, UsageOptions(min_count=1)).words[0]
     d = np.array([np.log2(5 / 4), np.log2(5 / 4), 0, 0])
     se = np.sqrt(4 / 3 * ((d - d.mean()) ** 2).sum()) / 4
     assert w.gap == pytest.approx(d.mean()) and w.gap_ci == pytest.approx(1.96 * se)
     same_image = [int(r) for r in np.flatnonzero(img == 0)[:4]]
     ta, tb = _tables(["red"] * 4, [0, 0, 0, 1], [1, 1, 0, 1], rows=same_image)
-    assert compare_usage(ix, ix, ta, tb, min_count=1).words[0].gap_ci == float("inf")
+    assert compare_usage(ix, ix, ta, tb, UsageOptions(min_count=1)).words[0].gap_ci == float("inf")
 
 
 def test_word_usage_is_cached_next_to_the_index(svc, tiny_index_pair, monkeypatch):

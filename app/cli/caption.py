@@ -109,15 +109,13 @@ def cmd_caption_eval(args: argparse.Namespace) -> int:
     _check_beam(args.beam)
     if args.max_images < 0:
         raise UserValueError("--max-images must be >= 0")
-    from indexer.caption_eval import evaluate_captioner, write_caption_report
+    from indexer.caption_eval import CaptionEvalOptions, evaluate_captioner, write_caption_report
 
     judges = parse_captioners(args.judge, "--judge")
 
-    report, captions = evaluate_captioner(args.checkpoint, dataset=args.dataset, split=args.split,
-                                          retrieval=args.retrieval, beam=args.beam,
-                                          meteor=False if args.no_meteor else None, max_images=args.max_images,
-                                          judges=judges,
-                                          allow_unk=args.allow_unk)
+    options = CaptionEvalOptions(retrieval=args.retrieval, beam=args.beam, meteor=False if args.no_meteor else None,
+                                 max_images=args.max_images, judges=judges, allow_unk=args.allow_unk)
+    report, captions = evaluate_captioner(args.checkpoint, dataset=args.dataset, split=args.split, options=options)
     out = Path(args.out) if args.out else Path(args.checkpoint).parent / f"eval_{args.split}"
     jp, mp = write_caption_report(out, report, captions)
     print(mp.read_text())

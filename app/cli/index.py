@@ -173,7 +173,14 @@ def cmd_index(args: argparse.Namespace) -> int:
     if args.shard_by == "list" and args.index_shards and (args.factory or "Flat").split(",")[0][:3] not in ("IVF", "fix"):
         raise UserValueError("--shard-by list needs an IVF index: give --factory IVF…,PQ… (or use --shard-by id)")
     log.info("loading the model from %s …", args.checkpoint)
-    from indexer.build import append_corpus, build_corpus_index, build_dataset_index, ensure_zero_shot
+    from indexer.build import (
+        EmbedEngine,
+        IndexRequest,
+        append_corpus,
+        build_corpus_index,
+        build_dataset_index,
+        ensure_zero_shot,
+    )
 
     if not Path(args.checkpoint).is_file():  # a tower folder: zero-shot, no `ltd train`
         args.checkpoint = str(ensure_zero_shot(args.checkpoint, args.out, args.text_tower))
@@ -195,18 +202,16 @@ def cmd_index(args: argparse.Namespace) -> int:
         print(json.dumps(append_living(args.out, args.checkpoint, images_dir=args.images_dir,
                                        captions_file=args.captions_file)))
         return 0
+    request = IndexRequest(args.out, overwrite=args.overwrite,
+                           engine=EmbedEngine(factory=args.factory, runtime=args.runtime, ray=ray))
     if mode == "append":
         ix = append_corpus(args.out, args.checkpoint, images_dir=args.images_dir, captions_file=args.captions_file,
                            runtime=args.runtime)
     elif mode == "corpus":
-        ix = build_corpus_index(args.checkpoint, args.out, images_dir=args.images_dir, captions_file=args.captions_file,
-                                factory=args.factory, overwrite=args.overwrite,
-                                runtime=args.runtime, ray=ray)
+        ix = build_corpus_index(args.checkpoint, request, images_dir=args.images_dir, captions_file=args.captions_file)
     else:
-        ix = build_dataset_index(args.checkpoint, args.dataset, args.split, args.out, factory=args.factory,
-                                 images_root=args.images_root, shortcuts=args.shortcuts, overwrite=args.overwrite,
-                                 runtime=args.runtime, ray=ray,
-                                 columns=args.columns)
+        ix = build_dataset_index(args.checkpoint, args.dataset, args.split, request, images_root=args.images_root,
+                                 shortcuts=args.shortcuts, columns=args.columns)
     if args.index_shards:  # the new generation, split: the unsharded one is replaced (indexer/shards_index.py)
         from indexer.shards_index import describe, shard_index_dir
 
@@ -221,7 +226,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from indexer.compact import live_view
-    from indexer.evaluate import evaluate_index, render_markdown, write_report
+    from indexer.evaluate import EvalOptions, evaluate_index, render_markdown, write_report
     from indexer.index import load_index_dir, read_manifest
 
     if "sharding" in read_manifest(args.index):  # a sharded index, searched through its shards in this process
@@ -231,8 +236,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         ix = live_view(load_index_dir(args.index))  # a living index: its items as served, removed ones gone
     rel = None if args.relevance.lower() == "none" else args.relevance
-    report = evaluate_index(ix, relevance=rel, cxc=args.cxc, eccv=args.eccv, ndcg_k=args.ndcg_k,
-                            protocols=tuple(dict.fromkeys(args.protocol)), pm_dir=args.pm)
+    report = evaluate_index(ix, EvalOptions(relevance=rel, cxc=args.cxc, eccv=args.eccv, ndcg_k=args.ndcg_k,
+                                            protocols=tuple(dict.fromkeys(args.protocol)), pm_dir=args.pm))
     jp, mp = write_report(ix, report)
     print(render_markdown(report))
     print(f"wrote {jp} and {mp}")
