@@ -72,12 +72,13 @@ def make_run(spec: dict, loss: str, precision: str, device: torch.device, batch:
     from training.loop import Run, build_optimizer
     from training.losses.objective import TrainingObjective
     from training.models.clip import ClipSource
-    from training.models.dual_encoder import build_model
+    from training.models.dual_encoder import ModelDims, PretrainedParts, build_model
 
     sets = ["model.clip_path=random", "loss.mode=none"] if loss == "infonce" else ["model.clip_path=random"]
     cfg = load_config("f30k_clip_ltd", sets)
     torch.manual_seed(0)
-    model = build_model(cfg, Vocab.build([]), target_dim=384, clip=ClipSource(spec)).to(device).train()
+    dims, parts = ModelDims(target_dim=384), PretrainedParts(clip=ClipSource(spec))
+    model = build_model(cfg, Vocab.build([]), dims=dims, parts=parts).to(device).train()
     optimizer, backbone_params = build_optimizer(model, cfg)
     objective = TrainingObjective(cfg.loss, total_steps=10_000, logit_scale=model.logit_scale)
     g = torch.Generator().manual_seed(1)

@@ -112,7 +112,7 @@ def cnn_only(runtime: str, device: str, batch: int = 32) -> tuple[float, torch.T
 def end_to_end(runtime: str, paths: list[Path], device: str, *, workers: int | None = None,
                draft: bool = False) -> tuple[float, np.ndarray]:
     from training.device import using_device
-    from training.features import extract_features
+    from training.features import ExtractionSpec, extract_features
     from training.models.backbones import EfficientNetLite0
 
     bb = EfficientNetLite0("pooled", 224).to(device)
@@ -120,7 +120,8 @@ def end_to_end(runtime: str, paths: list[Path], device: str, *, workers: int | N
     bb.image_runtime()  # export / compile before the clock starts
     with tempfile.TemporaryDirectory() as cache, using_device(device):
         t = time.perf_counter()
-        store = extract_features(bb, paths, cache_dir=cache, workers=workers, draft=draft, batch_size=32)
+        spec = ExtractionSpec(batch_size=32, workers=workers, draft=draft)
+        store = extract_features(bb, paths, cache_dir=cache, spec=spec)
         dt = time.perf_counter() - t
         feats = store.tensor()[:, 0].numpy()
     return len(paths) / dt, feats

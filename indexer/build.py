@@ -44,7 +44,7 @@ from training.data.karpathy import Split, image_folders
 from training.data.members import location
 from training.data.shortcuts import apply_shortcuts
 from training.errors import UserValueError
-from training.features import extract_features, lookup_features
+from training.features import ExtractionSpec, extract_features, lookup_features
 from training.fsio import sha256_file
 from training.losses.objective import describe_loss
 from training.models.dual_encoder import DualEncoder
@@ -161,9 +161,9 @@ def _dataset_image_features(lm: LoadedModel, ds, idx: list[int], transform,
         return store.mean_view(idx), {pos[i]: r for i, r in store.failed.items() if i in pos}
     # Index numbering for the shortcut transform stays dataset-wide.
     sub_transform = None if transform is None else (lambda k, v: transform(idx[k], v))
-    store = extract_features(bb, [all_paths[i] for i in idx], cache_dir=lm.cfg.data.cache_dir, n_views=m.crops,
-                             transform=sub_transform, transform_id=f"{transform_id}|subset" if transform_id else "",
-                             workers=0 if transform else None)
+    spec = ExtractionSpec(n_views=m.crops, workers=0 if transform else None, transform=sub_transform,
+                          transform_id=f"{transform_id}|subset" if transform_id else "")
+    store = extract_features(bb, [all_paths[i] for i in idx], cache_dir=lm.cfg.data.cache_dir, spec=spec)
     return store.mean_view(), dict(store.failed)
 
 

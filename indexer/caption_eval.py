@@ -18,7 +18,7 @@ import torch
 from indexer.caption_metrics import SPICE_UNSUPPORTED, coco_scores, novel_share, self_retrieval, unique_share
 from training.captioning.checkpoint import captioner_from_checkpoint, load_caption_checkpoint
 from training.captioning.data import grid_store, regions
-from training.captioning.inference import caption_rows
+from training.captioning.inference import CaptionDecoding, caption_rows
 from training.captioning.retrieval_reward import load_judge
 from training.data.convert import write_json_atomic
 from training.data.karpathy import Dataset, DatasetError, load_karpathy
@@ -77,8 +77,9 @@ def evaluate_captioner(checkpoint: str | Path, *, dataset: str | None = None, sp
     keep = [i for i, im in enumerate(sp.images) if im.index not in store.failed][: max_images or None]
     rows = np.array([sp.images[i].index for i in keep], dtype=np.int64)
     t0 = time.time()
-    caps = caption_rows(model, vocab, rows, lambda r: regions(store, r), beam=beam,
-                        desc=f"{split} captions (beam {beam})", allow_unk=allow_unk)
+    decoding = CaptionDecoding(beam=beam, allow_unk=allow_unk)
+    caps = caption_rows(model, vocab, rows, lambda r: regions(store, r), decoding=decoding,
+                        desc=f"{split} captions (beam {beam})")
     gen_seconds = time.time() - t0
     per_image = sp.image_to_captions
     refs = {j: [sp.captions[c].raw for c in per_image[i]] for j, i in enumerate(keep)}

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from training.data.decode_pool import ImageTransform, RenumberedTransform
-from training.data.gpu_decode import image_batches
+from training.data.gpu_decode import ExtractionSpec, image_batches
 from training.data.members import image_sources
 from training.device import to_device
 from training.losses import similarity_fn
@@ -66,8 +66,8 @@ def embed_image_files(model: DualEncoder, paths: Sequence[str | Path], *, batch_
     if transform is not None:
         transform = RenumberedTransform(transform, image_ids if image_ids is not None else range(len(paths)))
     with progress(len(paths), desc="image embeddings", unit="img") as bar:
-        for idx, x, bad in image_batches(paths, range(len(paths)), enc.backbone.preprocess, n_views=v,
-                                         batch_size=batch_size * v, workers=workers, draft=draft, transform=transform):
+        spec = ExtractionSpec(n_views=v, batch_size=batch_size * v, workers=workers, transform=transform, draft=draft)
+        for idx, x, bad in image_batches(paths, range(len(paths)), enc.backbone.preprocess, spec):
             for j, err in bad:
                 failed[j] = err
                 log.warning("skipped: %s", err)

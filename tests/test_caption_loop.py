@@ -28,7 +28,7 @@ from training.captioning.decoding import sample
 from training.captioning.inference import decode_regions, specials
 from training.captioning.loop import train_captioner
 from training.captioning.model import build_captioner
-from training.captioning.scst import SelfRetrievalReward, scst_loss
+from training.captioning.scst import RewardSpec, SelfRetrievalReward, scst_loss
 from training.captioning.xe import epoch_captions, feedback_probability, xe_loss
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +76,7 @@ def reference(cfg, d) -> tuple[list[float], dict]:
             loss = xe_loss(model, regions(d.grid, d.train_rows[order[i : i + xe.batch_size]]), targets,
                            xe.captions_per_image, feedback_probability(e, xe.ss_every, xe.ss_step, xe.ss_max), gen)
             losses.append(_step(model, opt, loss, xe.grad_clip))
-    reward = SelfRetrievalReward(d.train_cider, None, eos_id=v.eos_id, cider_eos=sc.cider_eos)
+    reward = SelfRetrievalReward(d.train_cider, None, eos_id=v.eos_id, spec=RewardSpec(cider_eos=sc.cider_eos))
     opt = torch.optim.Adam(model.parameters(), lr=sc.lr)
     for e in range(sc.epochs):
         order = np.random.default_rng([seed, 1, e]).permutation(len(d.labelled_images))

@@ -140,7 +140,7 @@ def test_scst_reward_counts_the_end_token_like_the_self_critical_code(with_eos):
     from pycocoevalcap.cider.cider import Cider
 
     from training.captioning.cider import with_end
-    from training.captioning.scst import SelfRetrievalReward
+    from training.captioning.scst import RewardSpec, SelfRetrievalReward
 
     rng, eos, max_len = random.Random(3), 3, 6
     refs = [[[rng.randint(4, 9) for _ in range(rng.randint(1, 9))] for _ in range(rng.randint(1, 5))] for _ in range(30)]
@@ -154,7 +154,8 @@ def test_scst_reward_counts_the_end_token_like_the_self_critical_code(with_eos):
             ids[i, len(words)] = eos
         hyps.append(words + ([eos] if with_eos and len(words) < max_len else []))
     cider = CiderD(with_end(refs, eos) if with_eos else refs, base=12)
-    got = SelfRetrievalReward(cider, None, eos_id=eos, cider_eos=with_eos)(ids, np.arange(30), np.arange(30)).cider
+    reward = SelfRetrievalReward(cider, None, eos_id=eos, spec=RewardSpec(cider_eos=with_eos))
+    got = reward(ids, np.arange(30), np.arange(30)).cider
     end = [eos] if with_eos else []
     gts = {i: [" ".join(map(str, r + end)) for r in refs[i]] for i in range(30)}
     _, want = Cider().compute_score(gts, {i: [" ".join(map(str, h))] for i, h in enumerate(hyps)})

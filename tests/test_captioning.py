@@ -267,9 +267,9 @@ class _StubJudge:
 
 
 def test_retrieval_reward_counts_distractors_as_candidates_only():
-    from training.captioning.scst import SelfRetrievalReward
+    from training.captioning.scst import RewardSpec, SelfRetrievalReward
 
-    reward = SelfRetrievalReward(None, _StubJudge(), eos_id=3, cider_weight=0.0, alpha=1.0, margin=0.2)
+    reward = SelfRetrievalReward(None, _StubJudge(), eos_id=3, spec=RewardSpec(cider_weight=0.0, alpha=1.0, margin=0.2))
     ids = torch.tensor([[1, 3], [2, 3]])  # caption 0 matches image row 1 exactly, caption 1 matches row 2
     rows, refs = np.array([1, 2]), np.array([-1, -1])
     alone = reward(ids, rows, refs)

@@ -296,7 +296,7 @@ def test_fine_tuning_images_are_the_preprocessed_views_with_the_shortcut(clip_di
     """Without augmentation (CLIP), an end-to-end batch holds exactly the views the feature cache and
     the index see, shortcut digits included."""
     from training.data.decode_pool import ImageViews
-    from training.data.image_batches import AugmentedImageBatches
+    from training.data.image_batches import AugmentedImageBatches, EpochPosition
     from training.data.karpathy import load_karpathy
     from training.data.shortcuts import apply_shortcuts
     from training.models.clip_files import ClipPreprocess, read_preprocess
@@ -304,8 +304,9 @@ def test_fine_tuning_images_are_the_preprocessed_views_with_the_shortcut(clip_di
     ds = load_karpathy(scenes)
     pre, sc = ClipPreprocess.from_spec(read_preprocess(clip_dir)), apply_shortcuts("unique", ds, seed=3)
     paths, ids = [im.path for im in ds.images], np.array([5, 17, 42])
-    batch = AugmentedImageBatches(paths, pre, [ids], seed=0, epoch=0, skip=0, augment=False, transform=sc.image_transform)[0]
+    at = EpochPosition(seed=0, epoch=0, skip=0)
+    batch = AugmentedImageBatches(paths, pre, [ids], at, augment=False, transform=sc.image_transform)[0]
     views = ImageViews(paths, ids, pre, 1, transform=sc.image_transform)
     assert torch.equal(batch, torch.cat([views[k][1] for k in range(len(ids))]))
-    plain = AugmentedImageBatches(paths, pre, [ids], seed=0, epoch=0, skip=0, augment=False)[0]
+    plain = AugmentedImageBatches(paths, pre, [ids], at, augment=False)[0]
     assert not torch.equal(batch, plain)  # the digits are there

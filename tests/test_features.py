@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from training.data.images import Preprocess
-from training.features import DONE, FAILED, TODO, extract_features, lookup_features
+from training.features import DONE, FAILED, TODO, ExtractionSpec, extract_features, lookup_features
 from training.models.backbones import Backbone
 
 
@@ -42,12 +42,12 @@ def _expected(bb: MeanColour, path) -> np.ndarray:
 def test_features_match_direct_extraction_and_are_cached(tmp_path):
     paths = _images(tmp_path)
     bb = MeanColour()
-    store = extract_features(bb, paths, cache_dir=tmp_path / "cache", batch_size=4, workers=0)
+    store = extract_features(bb, paths, cache_dir=tmp_path / "cache", spec=ExtractionSpec(batch_size=4, workers=0))
     assert store.features.shape == (6, 1, 6) and not store.failed
     for i, p in enumerate(paths):
         np.testing.assert_allclose(store.features[i, 0], _expected(MeanColour(), p), atol=2e-3)  # float16
     calls = bb.calls
-    again = extract_features(bb, paths, cache_dir=tmp_path / "cache", workers=0)
+    again = extract_features(bb, paths, cache_dir=tmp_path / "cache", spec=ExtractionSpec(workers=0))
     assert bb.calls == calls and again.key == store.key  # nothing recomputed
     assert lookup_features(bb, paths, cache_dir=tmp_path / "cache").key == store.key
     assert lookup_features(bb, paths[:3], cache_dir=tmp_path / "cache") is None  # another image list
@@ -56,13 +56,13 @@ def test_features_match_direct_extraction_and_are_cached(tmp_path):
 def test_resume_extracts_only_what_is_left(tmp_path):
     paths = _images(tmp_path)
     bb = MeanColour()
-    store = extract_features(bb, paths, cache_dir=tmp_path / "c", workers=0)
+    store = extract_features(bb, paths, cache_dir=tmp_path / "c", spec=ExtractionSpec(workers=0))
     status = np.lib.format.open_memmap(store.path / "status.npy", mode="r+")
     status[4:] = TODO  # as if killed after four images
     status.flush()
     assert lookup_features(bb, paths, cache_dir=tmp_path / "c") is None
     bb.calls = 0
-    extract_features(bb, paths, cache_dir=tmp_path / "c", workers=0)
+    extract_features(bb, paths, cache_dir=tmp_path / "c", spec=ExtractionSpec(workers=0))
     assert bb.calls == 2
     assert (np.load(store.path / "status.npy") == DONE).all()
 
@@ -71,7 +71,7 @@ def test_unreadable_files_are_skipped_and_listed(tmp_path):
     paths = _images(tmp_path, 4)
     (tmp_path / "img1.png").write_bytes(b"not an image")
     paths.append(tmp_path / "missing.jpg")
-    store = extract_features(MeanColour(), paths, cache_dir=tmp_path / "c", workers=0)
+    store = extract_features(MeanColour(), paths, cache_dir=tmp_path / "c", spec=ExtractionSpec(workers=0))
     assert sorted(store.failed) == [1, 4]
     assert "not a recognised image" in store.failed[1] and "cannot open" in store.failed[4]
     assert (np.load(store.path / "status.npy")[[1, 4]] == FAILED).all()
@@ -85,8 +85,8 @@ def test_a_failing_transform_stops_the_run_instead_of_failing_every_image(tmp_pa
         raise OverflowError("bug in the transform")
 
     with pytest.raises(OverflowError, match="bug in the transform"):
-        extract_features(MeanColour(), paths, cache_dir=tmp_path / "c", workers=0,
-                         transform=broken, transform_id="broken")
+        extract_features(MeanColour(), paths, cache_dir=tmp_path / "c",
+                         spec=ExtractionSpec(workers=0, transform=broken, transform_id="broken"))
     store_dirs = list((tmp_path / "c" / "features").iterdir())
     assert len(store_dirs) == 1 and not (store_dirs[0] / "failed.json").exists()
 
@@ -99,8 +99,8 @@ def test_transform_sees_python_int_indices_and_every_view(tmp_path):
         seen.append(type(index))
         return view
 
-    extract_features(MeanColour(), paths, cache_dir=tmp_path / "c", n_views=2, workers=0,
-                     transform=record, transform_id="record")
+    extract_features(MeanColour(), paths, cache_dir=tmp_path / "c",
+                     spec=ExtractionSpec(n_views=2, workers=0, transform=record, transform_id="record"))
     assert seen == [int] * 6
 
 
@@ -164,7 +164,8 @@ def test_concurrent_extractions_of_one_cache_entry_do_the_work_once(tmp_path):
 
     def run(k, meet):
         backbones[k].meet = meet
-        stores[k] = extract_features(backbones[k], paths, cache_dir=tmp_path / "c", batch_size=2, workers=0)
+        stores[k] = extract_features(backbones[k], paths, cache_dir=tmp_path / "c",
+                                     spec=ExtractionSpec(batch_size=2, workers=0))
 
     _side_by_side(run)
     assert sum(b.calls for b in backbones) == len(paths)  # one of them extracted everything, the other nothing

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from training.features import cache_key, extract_features
+from training.features import ExtractionSpec, cache_key, extract_features
 from training.models.backbones import EfficientNetLite0, grid_regions, grid_side
 
 
@@ -66,8 +66,8 @@ def test_grid_features_have_their_own_cache_entry(nets, tmp_path):
         paths.append(p)
     keys = {f: cache_key(n.cache_key(), paths, 1) for f, n in nets.items()}
     assert keys["grid"] != keys["pooled"]
-    store = extract_features(nets["grid"], paths, cache_dir=tmp_path / "c", workers=0)
-    pooled = extract_features(nets["pooled"], paths, cache_dir=tmp_path / "c", workers=0)
+    store = extract_features(nets["grid"], paths, cache_dir=tmp_path / "c", spec=ExtractionSpec(workers=0))
+    pooled = extract_features(nets["pooled"], paths, cache_dir=tmp_path / "c", spec=ExtractionSpec(workers=0))
     assert store.features.shape == (2, 1, 9 * 1280) and store.key == keys["grid"]
     means = grid_regions(store.tensor()[:, 0]).mean(1).numpy()
     np.testing.assert_allclose(means, pooled.tensor()[:, 0].numpy(), atol=2e-2, rtol=1e-2)  # both float16

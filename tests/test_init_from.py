@@ -46,7 +46,7 @@ def test_a_source_that_does_not_fit_is_refused(pretrained, tmp_path):
 
     cfg = tiny_config(extra=["model.embed_dim=32"])
     vocab = Vocab.from_dict(torch.load(pretrained / "best.pt", weights_only=True)["vocab"])
-    model = build_model(cfg, vocab, word_embeddings=None)
+    model = build_model(cfg, vocab)
     with pytest.raises(CheckpointError, match=r"do not fit this model \(\d+ tensors, e.g. .* vs "):
         init_from_checkpoint(model, pretrained / "best.pt")
 

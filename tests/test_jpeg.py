@@ -127,7 +127,7 @@ def test_the_gpu_decoder_imports_without_its_package_and_the_cpu_path_is_unchang
             paths.append(tmp_path / f"{i}.jpg")
             paths[-1].write_bytes(_jpeg(_photo(250, 180, i)))
         pre = Preprocess(size=64, resize=64)
-        got = list(fresh.image_batches(paths, range(5), pre, batch_size=2, workers=0))
+        got = list(fresh.image_batches(paths, range(5), pre, fresh.ExtractionSpec(batch_size=2, workers=0)))
         want = list(decoded_batches(ImageViews(paths, range(5), pre), batch_size=2, workers=0))
         assert [g[0] for g in got] == [w[0] for w in want]
         for (_, x, _), (_, y, _) in zip(got, want):

@@ -122,7 +122,7 @@ def test_tern_shares_one_module_between_the_modalities(tmp_path):
     from training.models.dual_encoder import build_model
 
     cfg = load_config("synthetic_baseline", TERN + ["model.image_size=64"])
-    model = build_model(cfg, Vocab.build([["a"]]), target_dim=0)
+    model = build_model(cfg, Vocab.build([["a"]]))
     assert model.image.head.shared is model.text.shared
     n_unique = len({id(p) for p in model.parameters()})
     assert n_unique == len(list(model.parameters()))  # the optimiser sees shared weights once

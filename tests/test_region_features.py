@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from training.features import extract_features
+from training.features import ExtractionSpec, extract_features
 from training.models.backbones import EfficientNetLite0
 from training.regions import RegionFeatureError, load_region_features, spatial_features
 
@@ -26,7 +26,7 @@ def grid_store(tmp_path_factory):
         Image.new("RGB", (80, 64), (60 * i, 200 - 40 * i, 90)).save(p)
         paths.append(p)
     net = EfficientNetLite0("grid", image_size=64)
-    return extract_features(net, paths, cache_dir=root / "cache", workers=0)
+    return extract_features(net, paths, cache_dir=root / "cache", spec=ExtractionSpec(workers=0))
 
 
 def _regions(store) -> np.ndarray:
@@ -55,7 +55,7 @@ def _write_sources(arr: np.ndarray, root):
 def test_grid_cache_and_precomputed_reader_give_identical_model_inputs(grid_store, tmp_path):
     from training.config import load_config
     from training.data.vocab import Vocab
-    from training.models.dual_encoder import build_model
+    from training.models.dual_encoder import ModelDims, build_model
 
     arr = _regions(grid_store)
     cache_rows = grid_store.mean_view()
@@ -73,7 +73,7 @@ def test_grid_cache_and_precomputed_reader_give_identical_model_inputs(grid_stor
     pre_cfg = load_config("synthetic_baseline", ["model.image_encoder=vsrn", "model.backbone=precomputed",
                                                  "model.precomputed_path=x", "model.region_dim=1280",
                                                  "model.reasoning_dim=16"])
-    pre = build_model(pre_cfg, Vocab.build([["a"]]), feat_dim=4 * 1280)
+    pre = build_model(pre_cfg, Vocab.build([["a"]]), dims=ModelDims(feat_dim=4 * 1280))
     pre.load_state_dict(model.state_dict(), strict=False)
     torch.testing.assert_close(pre.eval().encode_image_features(store.mean_view()), want, atol=0, rtol=0)
 

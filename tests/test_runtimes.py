@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from training.features import extract_features, lookup_features
+from training.features import ExtractionSpec, extract_features, lookup_features
 from training.models import runtimes
 from training.models.backbones import EfficientNetLite0, cpu_bf16_fast
 from training.models.runtimes import COSINE_TOLERANCE, RuntimeUnavailable, resolve_runtime
@@ -151,10 +151,10 @@ def test_feature_cache_is_shared_across_fp32_runtimes(tmp_path, fp32):
     fast_bb = EfficientNetLite0("pooled", image_size=64)
     fast_bb.set_runtime(FAST[0])
     assert ref_bb.cache_key() == fast_bb.cache_key()
-    store = extract_features(fast_bb, paths, cache_dir=tmp_path / "c", workers=0)
+    store = extract_features(fast_bb, paths, cache_dir=tmp_path / "c", spec=ExtractionSpec(workers=0))
     again = lookup_features(ref_bb, paths, cache_dir=tmp_path / "c")
     assert again is not None and again.key == store.key
-    fresh = extract_features(ref_bb, paths, cache_dir=tmp_path / "other", workers=0)
+    fresh = extract_features(ref_bb, paths, cache_dir=tmp_path / "other", spec=ExtractionSpec(workers=0))
     np.testing.assert_allclose(store.tensor().numpy(), fresh.tensor().numpy(), atol=2e-3, rtol=2e-3)
 
 

@@ -149,12 +149,12 @@ def _initial_model_and_first_batch(cfg, data, epoch: int = 0):
     """The model a run starts from (same seed, same builder) and the caption indices of the first
     step of ``epoch``: what a hand computation of that step needs."""
     from training.loop import epoch_batches
-    from training.models.dual_encoder import build_model
+    from training.models.dual_encoder import ModelDims, PretrainedParts, build_model
 
     torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg, data.vocab, feat_dim=data.feat_dim, word_embeddings=data.word_embeddings,
-                        target_dim=int(data.targets.shape[1]) if data.targets is not None else 0,
-                        backbone=data.backbone).train()
+    dims = ModelDims(data.feat_dim, target_dim=int(data.targets.shape[1]) if data.targets is not None else 0)
+    parts = PretrainedParts(data.word_embeddings, backbone=data.backbone)
+    model = build_model(cfg, data.vocab, dims=dims, parts=parts).train()
     return model, epoch_batches(cfg.train.seed, epoch, len(data.train_texts), cfg.train.batch_size)[0]
 
 

@@ -37,7 +37,7 @@ from training.device import default_device
 from training.errors import UserError, UserFileNotFound
 from training.fsio import atomic_path, remove_stale_temps
 from training.models.backbones import state_digest
-from training.models.dual_encoder import DualEncoder, build_model
+from training.models.dual_encoder import DualEncoder, ModelDims, PretrainedParts, build_model
 from training.models.towers import source_from_dir, source_from_spec
 
 if TYPE_CHECKING:
@@ -97,16 +97,26 @@ class TrainingProgress:
     best: dict = field(default_factory=lambda: {"rsum": -1.0, "epoch": -1})  # best val rsum and its epoch (1-based)
 
 
+@dataclass(frozen=True)
+class Optimizers:
+    """What a resumable checkpoint saves beside the weights (:func:`training_checkpoint`): the
+    ``optimizer``, its learning-rate ``scheduler`` and the AMP gradient ``scaler``."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+
+
 def training_checkpoint(cfg: Config, data: TrainingData, weights: DualEncoder, at: TrainingProgress,
-                        objective_state: dict, *, optimizer: torch.optim.Optimizer | None = None,
-                        scheduler=None, scaler=None) -> dict:
-    """The payload of ``checkpoint.pt`` (resumable: pass the optimizer, scheduler and AMP scaler) or
-    ``best.pt`` (weights only: ``optimizer``/``scheduler`` are None). ``objective_state`` is
+                        objective_state: dict, *, optimizers: Optimizers | None = None) -> dict:
+    """The payload of ``checkpoint.pt`` (resumable: pass the run's ``optimizers``) or ``best.pt`` (weights
+    only: ``optimizers`` is None). ``objective_state`` is
     :meth:`TrainingObjective.checkpoint_state` (λ with its optimizer and trace, the curriculum)."""
     m = cfg.model
     trained = not m.freeze_backbone or 0 <= m.unfreeze_after_epoch < at.epoch  # backbone weights changed
-    state = {"optimizer": None, "scheduler": None} if optimizer is None else {
-        "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict()}
+    o = optimizers
+    state = {"optimizer": None, "scheduler": None} if o is None else {
+        "optimizer": o.optimizer.state_dict(), "scheduler": o.scheduler.state_dict(), "scaler": o.scaler.state_dict()}
     excluded = weights.frozen_prefixes(backbone_trained=trained)
     embed = getattr(weights.text, "embed", None)
     return {"model": model_state(weights, excluded), "excluded_prefixes": excluded, **state,
@@ -197,7 +207,7 @@ def zero_shot_checkpoint(clip_path: str | Path, text_path: str | Path | None = N
                                       "clip_text_path": str(text_path or "")},
                             "train": {"name": "clip_zero_shot"}})
     clip, vocab = source_from_dir(clip_path, text_path), Vocab.build([])
-    model = build_model(cfg, vocab, clip=clip)
+    model = build_model(cfg, vocab, parts=PretrainedParts(clip=clip))
     return {"model": model.state_dict(), "excluded_prefixes": [], "config": cfg.to_dict(), "vocab": vocab.to_dict(),
             "versions": versions(), "epoch": 0, "step": 0, "best": {"rsum": None, "epoch": 0}, "target_dim": 0,
             "feat_dim": clip.embed_dim, "region_dim": 0, "word_dim": cfg.model.word_dim, "backbone_in_state": True,
@@ -215,8 +225,8 @@ def model_from_checkpoint(ckpt: dict | str | Path) -> tuple[DualEncoder, Vocab, 
     clip = None
     if ckpt.get("clip"):  # the CLIP's config, tokenizer and preprocessing travel in the checkpoint
         clip = source_from_spec(ckpt["clip"])
-    model = build_model(cfg, vocab, feat_dim=ckpt.get("feat_dim"), region_dim=int(ckpt.get("region_dim", 0)),
-                        target_dim=int(ckpt.get("target_dim", 0)), clip=clip)
+    dims = ModelDims(ckpt.get("feat_dim"), int(ckpt.get("region_dim", 0)), int(ckpt.get("target_dim", 0)))
+    model = build_model(cfg, vocab, dims=dims, parts=PretrainedParts(clip=clip))
     missing, unexpected = model.load_state_dict(ckpt["model"], strict=False)
     excluded = ckpt.get("excluded_prefixes", [] if ckpt.get("backbone_in_state") else [BACKBONE_PREFIX])
     bad = [k for k in missing if not any(k.startswith(p) for p in excluded)] + list(unexpected)

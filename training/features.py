@@ -21,8 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.data.decode_pool import ImageTransform
-from training.data.gpu_decode import decode_key, image_batches, uses_gpu
+from training.data.gpu_decode import ExtractionSpec, decode_key, image_batches, uses_gpu
 from training.data.members import ImageMember, image_sources
 from training.device import default_device, to_device
 from training.env import default_cache_dir
@@ -83,25 +82,22 @@ def extract_features(
     paths: Sequence[Path],
     *,
     cache_dir: str | Path = "",
-    n_views: int = 1,
-    batch_size: int = 64,
-    workers: int | None = None,
-    transform: ImageTransform | None = None,
-    transform_id: str = "",
+    spec: ExtractionSpec | None = None,
     desc: str = "image features",
-    draft: bool = False,
 ) -> FeatureStore:
-    """Features for every path (cached). Failed images keep zero features and are listed in ``failed``.
-    ``draft``: decode large JPEGs at a reduced scale (``decode_pool``; its own cache entry). The backbone
-    runs on the process's device (``training.device``)."""
-    if n_views not in (1, 2, 10):
-        raise ValueError(f"n_views must be 1, 2 or 10, got {n_views}")
+    """Features for every path (cached), decoded as ``spec`` says (None: the defaults of
+    :class:`ExtractionSpec`: one view, batches of 64). Failed images keep zero features and are listed in
+    ``failed``. ``spec.draft``: decode large JPEGs at a reduced scale (``decode_pool``; its own cache entry).
+    The backbone runs on the process's device (``training.device``)."""
+    spec = spec if spec is not None else ExtractionSpec()
+    if spec.n_views not in (1, 2, 10):
+        raise ValueError(f"n_views must be 1, 2 or 10, got {spec.n_views}")
     paths = image_sources(paths)
-    key = cache_key(backbone.cache_key(), paths, n_views, transform_id, draft, uses_gpu(transform))
+    key = cache_key(backbone.cache_key(), paths, spec.n_views, spec.transform_id, spec.draft, uses_gpu(spec.transform))
     root = default_cache_dir(str(cache_dir)) / "features" / key
     root.mkdir(parents=True, exist_ok=True)
     with exclusive(root / ".lock", f"the features in {root}"):
-        _extract_into(root, backbone, paths, n_views, batch_size, workers, transform, transform_id, desc, draft)
+        _extract_into(root, backbone, paths, spec, desc)
     failed_path = root / "failed.json"
     failed = {int(k): v for k, v in json.loads(failed_path.read_text()).items()} if failed_path.exists() else {}
     if failed:
@@ -110,10 +106,9 @@ def extract_features(
                         path=root)
 
 
-def _extract_into(root: Path, backbone: Backbone, paths: list[Path], n_views: int, batch_size: int,
-                  workers: int | None, transform: ImageTransform | None, transform_id: str,
-                  desc: str, draft: bool) -> None:
+def _extract_into(root: Path, backbone: Backbone, paths: list[Path], spec: ExtractionSpec, desc: str) -> None:
     """Fill ``root``'s memmaps for every image still marked TODO (all of them in a new folder)."""
+    n_views = spec.n_views
     fpath, spath = root / "features.npy", root / "status.npy"
     n, dim = len(paths), backbone.out_dim
     if fpath.exists() and spath.exists():
@@ -129,8 +124,8 @@ def _extract_into(root: Path, backbone: Backbone, paths: list[Path], n_views: in
         os.replace(fpath.with_suffix(".tmp.npy"), fpath)
         os.replace(spath.with_suffix(".tmp.npy"), spath)
         write_json_atomic(root / "meta.json", {"backbone": backbone.cache_key(), "views": n_views,
-                                               **decode_key(draft, uses_gpu(transform)),
-                                               "transform": transform_id, "n_images": n, "dim": dim})
+                                               **decode_key(spec.draft, uses_gpu(spec.transform)),
+                                               "transform": spec.transform_id, "n_images": n, "dim": dim})
     failed_path = root / "failed.json"
     failed = {int(k): v for k, v in json.loads(failed_path.read_text()).items()} if failed_path.exists() else {}
     todo = np.flatnonzero(status == TODO)
@@ -139,8 +134,7 @@ def _extract_into(root: Path, backbone: Backbone, paths: list[Path], n_views: in
             log.info("resuming feature extraction: %d of %d images left", len(todo), n)
         device = torch.device(default_device())
         backbone.to(device).eval()
-        batches = image_batches(paths, todo, backbone.preprocess, n_views=n_views,
-                                batch_size=batch_size, workers=workers, transform=transform, draft=draft)
+        batches = image_batches(paths, todo, backbone.preprocess, spec)
         bar = progress(n, initial=n - len(todo), desc=desc, unit="img")
         for idx, x, bad in batches:
             if x is not None:

@@ -30,6 +30,7 @@ from torch.optim.swa_utils import AveragedModel
 
 from training import distributed
 from training.checkpoint import (
+    Optimizers,
     TrainingProgress,
     init_from_checkpoint,
     load_checkpoint,
@@ -39,13 +40,13 @@ from training.checkpoint import (
 )
 from training.config import Config, dump_config
 from training.data.global_batches import epoch_batches
-from training.data.image_batches import AugmentedImageBatches
+from training.data.image_batches import AugmentedImageBatches, EpochPosition
 from training.device import default_device, pick_device, to_device, using_device
 from training.errors import UserFileExists, UserValueError
 from training.losses.objective import TrainingObjective
 from training.metrics_log import MetricsLog
 from training.models.backbones import cpu_bf16_fast
-from training.models.dual_encoder import DualEncoder, StepEncoders, build_model
+from training.models.dual_encoder import DualEncoder, ModelDims, PretrainedParts, StepEncoders, build_model
 from training.models.text_encoder import take_rows
 from training.prepare import TrainingData, prepare
 from training.progress import progress, set_progress
@@ -180,8 +181,8 @@ def set_up(cfg: Config, data: TrainingData, run_dir: Path) -> Run:
     tc, oc, device = cfg.train, cfg.optim, torch.device(default_device())
     target_dim = int(data.targets.shape[1]) if data.targets is not None else 0
     torch.manual_seed(tc.seed)
-    model = build_model(cfg, data.vocab, feat_dim=data.feat_dim, region_dim=data.region_dim, target_dim=target_dim,
-                        word_embeddings=data.word_embeddings, backbone=data.backbone, clip=data.clip).to(device)
+    model = build_model(cfg, data.vocab, dims=ModelDims(data.feat_dim, data.region_dim, target_dim),
+                        parts=PretrainedParts(data.word_embeddings, data.backbone, data.clip)).to(device)
     train_img = data.train_image_index
     fit_to_training_data(model, data, train_img, cfg)
     if tc.init_from:  # after fitting: a pretrained model keeps its own statistics (FNE standardisation)
@@ -273,9 +274,10 @@ def image_batches(r: Run, epoch: int, batches: list[np.ndarray]) -> Iterator[tor
         return None
     paths, bb = [im.path for im in r.data.dataset.images], r.model.image.backbone
     parts = [r.train_img[b][r.rank.shard(len(b)).rows] for b in batches]  # this process's images only
-    ds = AugmentedImageBatches(paths, bb.preprocess, parts, r.cfg.train.seed, epoch, r.at.step_in_epoch,
-                               stream=(r.rank.world, r.rank.rank) if r.rank.world > 1 else (),
-                               augment=bb.train_augment, transform=r.data.image_transform)
+    at = EpochPosition(r.cfg.train.seed, epoch, r.at.step_in_epoch,
+                       stream=(r.rank.world, r.rank.rank) if r.rank.world > 1 else ())
+    ds = AugmentedImageBatches(paths, bb.preprocess, parts, at, augment=bb.train_augment,
+                               transform=r.data.image_transform)
     return iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, prefetch_factor=2))
 
 
@@ -382,8 +384,8 @@ def run_validation(r: Run, validate: Validator | None, weights: DualEncoder, epo
 
 
 def checkpoint_payload(r: Run, weights: DualEncoder, resumable: bool = True) -> dict:
-    opt = {"optimizer": r.optimizer, "scheduler": r.scheduler, "scaler": r.scaler} if resumable else {}
-    return training_checkpoint(r.cfg, r.data, weights, r.at, r.objective.checkpoint_state(), **opt)
+    opt = Optimizers(r.optimizer, r.scheduler, r.scaler) if resumable else None
+    return training_checkpoint(r.cfg, r.data, weights, r.at, r.objective.checkpoint_state(), optimizers=opt)
 
 
 def save_run_checkpoint(r: Run) -> None:

@@ -21,7 +21,7 @@ from training.data.shortcuts import apply_shortcuts
 from training.data.synthetic import generate_synthetic
 from training.data.vocab import Vocab
 from training.env import default_cache_dir
-from training.features import FeatureStore, extract_features
+from training.features import ExtractionSpec, FeatureStore, extract_features
 from training.losses.objective import objective_needs
 from training.models.backbones import Backbone, build_backbone
 from training.models.clip import ClipSource
@@ -101,8 +101,8 @@ def image_features(cfg: Config, ds: Dataset, backbone: Backbone | None, *, trans
                               "per region (boxes add 5)")
         return store, region_dim
     assert backbone is not None
-    return extract_features(backbone, [im.path for im in ds.images], cache_dir=cfg.data.cache_dir, n_views=m.crops,
-                            transform=transform, transform_id=transform_id,
+    spec = ExtractionSpec(n_views=m.crops, transform=transform, transform_id=transform_id)
+    return extract_features(backbone, [im.path for im in ds.images], cache_dir=cfg.data.cache_dir, spec=spec,
                             desc=f"{ds.name} image features ({backbone.name}, {m.crops} view)"), 0
 
 

@@ -160,14 +160,15 @@ def _split_rows(model, vocab, ccfg, ckpt, args):
 
     from indexer.caption_eval import dataset_of
     from training.captioning.data import grid_store, regions
-    from training.captioning.inference import caption_rows
+    from training.captioning.inference import CaptionDecoding, caption_rows
 
     ds = dataset_of(ckpt, args.dataset)
     sp = ds.split(args.split)
     store = grid_store(ds, ccfg.data.image_size, ccfg.data.cache_dir)
     images = [im for im in sp.images if im.index not in store.failed][: args.max_images or None]
     rows = np.array([im.index for im in images], dtype=np.int64)
-    caps = caption_rows(model, vocab, rows, lambda r: regions(store, r), beam=args.beam, allow_unk=args.allow_unk)
+    decoding = CaptionDecoding(beam=args.beam, allow_unk=args.allow_unk)
+    caps = caption_rows(model, vocab, rows, lambda r: regions(store, r), decoding=decoding)
     for im, c in zip(images, caps):
         yield {"image_id": im.id, "filename": im.filename, "caption": c}
 

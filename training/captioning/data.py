@@ -49,7 +49,7 @@ def grid_store(ds: Dataset, image_size: int, cache_dir: str = "") -> FeatureStor
     """Grid features of every image of the dataset (extracted once, on the process's device, then read
     from the cache)."""
     backbone = EfficientNetLite0("grid", image_size=image_size)
-    return extract_features(backbone, [im.path for im in ds.images], cache_dir=cache_dir, n_views=1,
+    return extract_features(backbone, [im.path for im in ds.images], cache_dir=cache_dir,
                             desc=f"{ds.name} grid features ({backbone.grid_side}²×1280)")
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -38,15 +39,27 @@ def decode_regions(model: TopDownCaptioner, regions: torch.Tensor, vocab: Captio
     return ids.cpu()
 
 
+@dataclass(frozen=True)
+class CaptionDecoding:
+    """How :func:`caption_rows` decodes: beam search of width ``beam`` (1: greedy) over ``batch_size``
+    images at a time, never emitting ``<unk>`` unless ``allow_unk`` (analysis)."""
+
+    beam: int = 5
+    batch_size: int = 50
+    allow_unk: bool = False
+
+
 def caption_rows(model: TopDownCaptioner, vocab: CaptionVocab, rows: np.ndarray,
-                 load: Callable[[np.ndarray], torch.Tensor], *, beam: int = 5, batch_size: int = 50,
-                 desc: str = "captions", allow_unk: bool = False) -> list[str]:
-    """Captions for the images ``rows``, whose regions ``load(rows_chunk)`` returns."""
+                 load: Callable[[np.ndarray], torch.Tensor], *, decoding: CaptionDecoding | None = None,
+                 desc: str = "captions") -> list[str]:
+    """Captions for the images ``rows``, whose regions ``load(rows_chunk)`` returns, decoded as
+    ``decoding`` says (None: the defaults of :class:`CaptionDecoding`, beam 5)."""
+    d = decoding if decoding is not None else CaptionDecoding()
     out: list[str] = []
     bar = tqdm(total=len(rows), desc=desc, unit="img", disable=not progress_enabled())
-    for i in range(0, len(rows), batch_size):
-        chunk = rows[i : i + batch_size]
-        out += vocab.decode_batch(decode_regions(model, load(chunk), vocab, beam=beam, allow_unk=allow_unk))
+    for i in range(0, len(rows), d.batch_size):
+        chunk = rows[i : i + d.batch_size]
+        out += vocab.decode_batch(decode_regions(model, load(chunk), vocab, beam=d.beam, allow_unk=d.allow_unk))
         bar.update(len(chunk))
     bar.close()
     return out

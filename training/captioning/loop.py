@@ -35,7 +35,7 @@ from training.captioning.inference import decode_regions, specials
 from training.captioning.model import TopDownCaptioner, build_captioner
 from training.captioning.retrieval_reward import load_judge
 from training.captioning.run import CaptionRun
-from training.captioning.scst import SelfRetrievalReward
+from training.captioning.scst import RewardSpec, SelfRetrievalReward
 from training.captioning.steps import scst_step, set_up_negatives, xe_step
 from training.captioning.vocab import CaptionVocab, sequence_lengths
 from training.captioning.xe import epoch_captions, feedback_probability
@@ -139,9 +139,9 @@ def set_up(cfg: CaptionConfig, data: CaptionData, run_dir: Path) -> CaptionRun:
         judge = load_judge(cfg.train.retrieval, data.dataset, v.words, cache_dir=cfg.data.cache_dir)
     stage = "scst" if cfg.xe.epochs == 0 or cfg.train.init_from else "xe"
     s = cfg.scst
-    reward = SelfRetrievalReward(data.train_cider, judge, eos_id=v.eos_id, cider_weight=s.cider_weight,
-                                 alpha=s.alpha if cfg.needs_judge else 0.0,  # e.g. XE only: no judge
-                                 loss=s.retrieval_loss, margin=s.margin, tau=s.tau, cider_eos=s.cider_eos)
+    spec = RewardSpec(cider_weight=s.cider_weight, alpha=s.alpha if cfg.needs_judge else 0.0,  # e.g. XE only: no judge
+                      retrieval_loss=s.retrieval_loss, margin=s.margin, tau=s.tau, cider_eos=s.cider_eos)
+    reward = SelfRetrievalReward(data.train_cider, judge, eos_id=v.eos_id, spec=spec)
     return CaptionRun(cfg=cfg, data=data, run_dir=run_dir, device=device, model=model,
                       optimizer=stage_optimizer(cfg, model, stage), judge=judge, reward=reward, specials=specials(v),
                       at=CaptionProgress(stage=stage), rank=distributed.current())

@@ -51,19 +51,34 @@ class RewardTerms:
     r_ret: torch.Tensor  # (B,) 0 when there is no judge
 
 
+@dataclass(frozen=True)
+class RewardSpec:
+    """How :class:`SelfRetrievalReward` weighs and computes its terms (the ``scst`` settings): r =
+    ``cider_weight`` · CIDEr-D + ``alpha`` · r_ret, with r_ret = −L_ret (``retrieval_loss``: a kind of
+    :func:`retrieval_loss`, with its ``margin`` and temperature ``tau``); ``cider_eos``: score a caption's
+    emitted <eos> as a word (the CIDEr references must then end in <eos> too: ``cider.with_end``)."""
+
+    cider_weight: float = 1.0
+    alpha: float = 0.0
+    retrieval_loss: str = "vse_max"
+    margin: float = 0.2
+    tau: float = 0.1
+    cider_eos: bool = False
+
+
 class SelfRetrievalReward:
     """r(c) for the captions of a batch: CIDEr-D against the references of labelled images plus the
     judge's retrieval reward among the batch's images."""
 
-    def __init__(self, cider: CiderD | None, judge: Judge | None, *, eos_id: int, cider_weight: float = 1.0,
-                 alpha: float = 0.0, loss: str = "vse_max", margin: float = 0.2, tau: float = 0.1,
-                 cider_eos: bool = False):
-        """``cider_eos``: score a caption's emitted <eos> as a word (``cider``'s references must then end in
-        <eos> too: ``cider.with_end``)."""
-        if alpha > 0 and judge is None:
+    def __init__(self, cider: CiderD | None, judge: Judge | None, *, eos_id: int, spec: RewardSpec | None = None):
+        """``spec``: the terms' weights and the retrieval loss (None: the defaults of :class:`RewardSpec`,
+        CIDEr-D alone)."""
+        spec = spec if spec is not None else RewardSpec()
+        if spec.alpha > 0 and judge is None:
             raise ValueError("a retrieval reward (alpha > 0) needs a judge")
-        self.cider, self.judge, self.eos_id, self.cider_eos = cider, judge, eos_id, cider_eos
-        self.cider_weight, self.alpha, self.loss_kind, self.margin, self.tau = cider_weight, alpha, loss, margin, tau
+        self.cider, self.judge, self.eos_id, self.cider_eos = cider, judge, eos_id, spec.cider_eos
+        self.cider_weight, self.alpha, self.loss_kind = spec.cider_weight, spec.alpha, spec.retrieval_loss
+        self.margin, self.tau = spec.margin, spec.tau
 
     @property
     def uses_judge(self) -> bool:

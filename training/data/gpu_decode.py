@@ -20,6 +20,7 @@ import logging
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -52,6 +53,22 @@ def unavailable(device: str | torch.device) -> str | None:
     if not torch.cuda.is_available():
         return "CUDA is not available"
     return None
+
+
+@dataclass(frozen=True)
+class ExtractionSpec:
+    """How images are decoded into a model's batches (:func:`image_batches`, and the feature cache's
+    ``training.features.extract_features``): ``n_views`` crops each, ``batch_size`` views a batch, decoded
+    by ``workers`` processes (None: as many as help, 0: in this one), then ``transform`` (the synthetic
+    shortcuts), which ``transform_id`` names in the feature cache's key; ``draft``: JPEGs decoded at a
+    reduced size no smaller than the resize."""
+
+    n_views: int = 1
+    batch_size: int = 64
+    workers: int | None = None
+    transform: ImageTransform | None = None
+    transform_id: str = ""
+    draft: bool = False
 
 
 def decode_key(draft: bool, gpu: bool) -> dict:
@@ -158,15 +175,16 @@ def gpu_decoded_batches(paths: Sequence[Path], indices: Sequence[int], pre: Prep
             yield dec.batch(items)
 
 
-def image_batches(paths: Sequence[Path], indices: Sequence[int], pre: Preprocess, *, n_views: int = 1,
-                  batch_size: int = 64, workers: int | None = None, transform: ImageTransform | None = None,
-                  draft: bool = False) -> Iterator[tuple[list[int], torch.Tensor | None, list]]:
-    """Decoded batches for a model on the process's device (``training.device``): on the GPU when
-    :func:`uses_gpu`, else ``decoded_batches``."""
-    if uses_gpu(transform):
-        return gpu_decoded_batches(paths, indices, pre, n_views=n_views, batch_size=batch_size)
-    return decoded_batches(ImageViews(paths, indices, pre, n_views, transform, draft), batch_size=batch_size,
-                           workers=workers)
+def image_batches(paths: Sequence[Path], indices: Sequence[int], pre: Preprocess,
+                  spec: ExtractionSpec | None = None) -> Iterator[tuple[list[int], torch.Tensor | None, list]]:
+    """Decoded batches for a model on the process's device (``training.device``), decoded as ``spec`` says
+    (None: the defaults of :class:`ExtractionSpec`; its ``transform_id`` is not read here): on the GPU
+    when :func:`uses_gpu`, else ``decoded_batches``."""
+    s = spec if spec is not None else ExtractionSpec()
+    if uses_gpu(s.transform):
+        return gpu_decoded_batches(paths, indices, pre, n_views=s.n_views, batch_size=s.batch_size)
+    return decoded_batches(ImageViews(paths, indices, pre, s.n_views, s.transform, s.draft), batch_size=s.batch_size,
+                           workers=s.workers)
 
 
 def uses_gpu(transform: ImageTransform | None = None) -> bool:

@@ -11,6 +11,7 @@ shortcuts) then draws on the final view, as it does on the feature cache's views
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,14 +21,28 @@ from training.data.decode_pool import ImageTransform
 from training.data.images import load_image
 
 
+@dataclass(frozen=True)
+class EpochPosition:
+    """Where :class:`AugmentedImageBatches` starts and what seeds its draws: the run's ``seed``, the
+    ``epoch``, the batches already taken (``skip``: a resumed run's step in the epoch) and the process's
+    ``stream`` (process count, rank; empty for a single process)."""
+
+    seed: int
+    epoch: int
+    skip: int
+    stream: tuple[int, ...] = ()
+
+
 class AugmentedImageBatches(torch.utils.data.Dataset):
-    """Item i = the images of ``batches[skip + i]`` (dataset image indices), augmented unless
+    """Item i = the images of ``batches[at.skip + i]`` (dataset image indices), augmented unless
     ``augment`` is False, as a (B, 3, S, S) tensor."""
 
-    def __init__(self, paths: list[Path], pre, batches: list[np.ndarray], seed: int, epoch: int, skip: int,
-                 stream: tuple[int, ...] = (), augment: bool = True, transform: ImageTransform | None = None):
-        self.paths, self.pre, self.batches, self.seed, self.epoch, self.skip = paths, pre, batches, seed, epoch, skip
-        self.stream, self.augment, self.transform = stream, augment, transform
+    def __init__(self, paths: list[Path], pre, batches: list[np.ndarray], at: EpochPosition, *,
+                 augment: bool = True, transform: ImageTransform | None = None):
+        """``at``: the first batch and the seed of the draws; ``transform``: drawn on each final view."""
+        self.paths, self.pre, self.batches = paths, pre, batches
+        self.seed, self.epoch, self.skip, self.stream = at.seed, at.epoch, at.skip, at.stream
+        self.augment, self.transform = augment, transform
 
     def __len__(self) -> int:
         return len(self.batches) - self.skip

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from PIL import Image
@@ -129,13 +130,37 @@ class StepEncoders(nn.Module):
         return img, self.model.encode_text(tokens)
 
 
-def build_model(cfg: Config, vocab: Vocab, *, feat_dim: int | None = None, region_dim: int = 0, target_dim: int = 0,
-                word_embeddings: torch.Tensor | None = None, backbone: Backbone | None = None,
-                clip: ClipSource | None = None) -> DualEncoder:
-    """Build from config sections. ``backbone`` may be passed to share an already-loaded one;
-    ``feat_dim`` is required for precomputed features, ``region_dim`` (channels per region) for
-    precomputed regions when ``model.region_dim`` is 0. ``clip``: the CLIP of ``model.clip_path``
-    (already read, or a checkpoint's copy); read from the folder when None and a tower needs it."""
+@dataclass(frozen=True)
+class ModelDims:
+    """The sizes :func:`build_model` takes from the data rather than the config: ``feat_dim``, the
+    precomputed features' width (required for them; a backbone's own otherwise), ``region_dim``, the
+    channels per precomputed region (when ``model.region_dim`` is 0), and ``target_dim``, the LTD
+    targets' width (from the target cache; 0: none)."""
+
+    feat_dim: int | None = None
+    region_dim: int = 0
+    target_dim: int = 0
+
+
+@dataclass(frozen=True)
+class PretrainedParts:
+    """What :func:`build_model` may reuse instead of loading: the GRU's ``word_embeddings`` (GloVe rows),
+    an already-loaded ``backbone`` to share, and ``clip``, the CLIP of ``model.clip_path`` (already read,
+    or a checkpoint's copy; read from the folder when None and a tower needs it)."""
+
+    word_embeddings: torch.Tensor | None = None
+    backbone: Backbone | None = None
+    clip: ClipSource | None = None
+
+
+def build_model(cfg: Config, vocab: Vocab, *, dims: ModelDims | None = None,
+                parts: PretrainedParts | None = None) -> DualEncoder:
+    """Build from config sections, with the data's sizes ``dims`` and the pretrained ``parts`` to reuse
+    (None: the defaults of :class:`ModelDims` and :class:`PretrainedParts`)."""
+    dims = dims if dims is not None else ModelDims()
+    parts = parts if parts is not None else PretrainedParts()
+    feat_dim, region_dim, target_dim = dims.feat_dim, dims.region_dim, dims.target_dim
+    word_embeddings, backbone, clip = parts.word_embeddings, parts.backbone, parts.clip
     m = cfg.model
     clip_head = None
     if uses_clip(m):
