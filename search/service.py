@@ -94,6 +94,9 @@ class SearchConfig(Section):
     # generation (0: only on POST …/compact or `ltd index --compact`).
     writable: bool = False
     compact_after: int = Field(10_000, ge=0)
+    # How much lower the CPU priority of the thread that embeds a write's images is (nice +N; 0: as the
+    # searches'): an add then takes the CPU the searches leave (search/writes.py, BENCHMARKS.md).
+    write_nice: int = Field(10, ge=0, le=19)
     max_items_per_add: int = Field(32, ge=1, le=1000)
     max_batch_queries: int = Field(32, ge=1, le=1000)
     ingest_roots: list[str] = Field(default_factory=list)
@@ -131,15 +134,17 @@ class SearchService(QueryMixin):
                                       on_loaded=self.encoder.attach,
                                       images_roots=tuple(config.images_roots), writable=config.writable)
         self.masks = MaskCache()
-        self.writes = ItemWrites(self, ingest_roots=tuple(config.ingest_roots), compact_after=config.compact_after)
+        self.writes = ItemWrites(self, ingest_roots=tuple(config.ingest_roots), compact_after=config.compact_after,
+                                   nice=config.write_nice)
         self.uploads = UploadDecoder(max_pixels=config.max_upload_pixels, max_concurrent=config.max_concurrent_decodes)
         self.thumbnails = Thumbnails(config.thumb_cache)
         self.explorer_rows = analysis.Explorer()
         self.explainer = Explainer(self.registry.get, self.encoder, self.encode_image_bytes, self.clean_query)
 
     def close(self) -> None:
-        """Stop the query encoder's batching thread."""
+        """Stop the query encoder's batching thread and the write thread (after the write it runs)."""
         self.encoder.close()
+        self.writes.close()
 
     # ---- models and dataset items -------------------------------------------------------------
     def models(self) -> list[ModelInfo]:

@@ -5,13 +5,16 @@ the server was started writable (``ltd serve --writable``: the registry creates 
 token that guards them is the API layer's business. Per model, writes are serialised (a lock; across
 processes SQLite's own lock): two writers never lose an update. Each write is durable when it returns
 (indexer/items.py) and is applied to the served snapshot before it returns, so the next query sees it
-(read-your-writes). Uploads are checked (type, pixel budget) and embedded here, in the request's
-thread, before the store's transaction; a server-side folder is read only inside the operator's
-ingest roots (``--ingest-root``).
+(read-your-writes). Uploads are checked (type, pixel budget) and embedded here before the store's
+transaction, on one embedding thread of the server's own at a lower CPU priority (``write_nice``, nice
++10 by default; the threads torch starts from it inherit it): on a machine that searches already keep
+busy, an add takes the CPU the searches leave instead of the searches' latency. A server-side folder is
+read only inside the operator's ingest roots (``--ingest-root``).
 """
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -80,12 +83,22 @@ def check_captions(captions: object) -> list[str]:
 class ItemWrites:
     """See the module doc. ``service``: the SearchService whose registry, uploads and encoder it uses."""
 
-    def __init__(self, service, *, ingest_roots: tuple[str, ...] = (), compact_after: int = 0):
+    def __init__(self, service, *, ingest_roots: tuple[str, ...] = (), compact_after: int = 0, nice: int = 0):
         self.svc = service
         self.compact_after = compact_after
         self.ingest_roots = tuple(Path(r).resolve() for r in ingest_roots)
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._compacting: set[str] = set()
+        self._embedder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ltd-writes",
+                                            initializer=_lower_priority, initargs=(nice,))
+
+    def close(self) -> None:
+        """Stop the write thread once the write it runs (if any) is done."""
+        self._embedder.shutdown(wait=True)
+
+    def _embedding(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` on the embedding thread (see the module doc); its result or its error."""
+        return self._embedder.submit(fn, *args, **kwargs).result()
 
     def _entry(self, name: str) -> ModelEntry:
         e = self.svc.registry.get(name)
@@ -109,7 +122,7 @@ class ItemWrites:
         if not 1 <= len(uploads) <= self.svc.config.max_items_per_add:
             raise BadRequest(f"send 1 to {self.svc.config.max_items_per_add} images at a time")
         e = self._entry(name)
-        rows = self._embed_uploads(e, uploads)
+        rows = self._embedding(self._embed_uploads, e, uploads)
         _, (seq, ids) = self._commit(name, lambda entry: entry.live.store.add(rows))
         return [{"id": i, "added": added} for i, added in ids]
 
@@ -152,7 +165,8 @@ class ItemWrites:
             raise NotFound("no such folder under the server's ingest roots")
         e = self._entry(name)
         files = [p for p in image_files(target) if p.resolve().is_relative_to(root)]
-        rows, failed = prepare(e.model, e.live.store, [ItemInput(path=p, metadata=dict(md)) for p in files], root=root)
+        rows, failed = self._embedding(prepare, e.model, e.live.store, [ItemInput(path=p, metadata=dict(md)) for p in files],
+                                       root=root)
         _, (seq, ids) = self._commit(name, lambda entry: entry.live.store.add(rows))
         return [{"id": i, "added": added} for i, added in ids] + \
             [{"file": files[k].name, "skipped": why} for k, why in sorted(failed.items())]
@@ -246,6 +260,17 @@ class ItemWrites:
 
         threading.Thread(target=run, name=f"ltd-compact-{name}", daemon=True).start()
         return {"compacting": True, "pending": e.live.store.pending()}
+
+
+def _lower_priority(nice: int) -> None:
+    """Raise this thread's nice value by ``nice`` (Linux: a thread's own; elsewhere, or refused: left as is)."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError as e:
+        log.warning("could not lower the write thread's priority: %s", e)
 
 
 def _suffix(data: bytes) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -290,3 +291,18 @@ def test_ground_truth_metrics_under_a_filter_are_those_of_the_ranking_shown(livi
     out = c.post("/api/search/text", json={"model": "ltd", "caption_id": cap_id, "k": 5,
                                             "filter": {"field": "image_id", "in": others[:3]}}).json()
     assert out["metrics"] is None and len(out["results"]) == 3
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="per-thread nice values are read from Linux's /proc")
+def test_writes_embed_on_a_thread_of_lower_priority(living):
+    """The images of a write are embedded on the server's write thread, at nice +10 over the searches'
+    (search/writes.py): on a busy machine the add yields the CPU to the searches."""
+    c, _ = living
+    add(c, [401])
+    writer = list(c.app.state.service.writes._embedder._threads)  # this server's write thread
+    assert len(writer) == 1 and writer[0].name.startswith("ltd-writes")
+
+    def nice(tid: int) -> int:
+        return int(Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+    assert nice(writer[0].native_id) == min(19, nice(threading.get_native_id()) + 10)

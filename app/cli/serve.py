@@ -45,6 +45,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--writable", action="store_true",
                    help="take writes: add, edit and remove items of the served indexes (REST and UI); on a "
                         "non-loopback address they need LTD_WRITE_TOKEN (distinct from LTD_API_TOKEN)")
+    p.add_argument("--write-nice", type=int, default=None, metavar="N",
+                   help="run the embedding of writes at nice +N, 0-19 (default 10): adds take the CPU searches leave")
     p.add_argument("--ingest-root", action="append", default=[], metavar="DIR",
                    help="a folder whose subfolders a writable server may add images from (repeatable)")
     p.add_argument("--no-ui", action="store_true", help="do not mount the Gradio UI at /ui")
@@ -320,6 +322,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["forwarded_allow_ips"] = args.forwarded_allow_ips
     if args.writable:
         overrides["writable"] = True
+    if args.write_nice is not None:
+        overrides["write_nice"] = args.write_nice
     if args.ingest_root:
         for d in args.ingest_root:
             if not Path(d).expanduser().is_dir():
