@@ -22,6 +22,13 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from indexer.bootstrap import recall_points, resample_image_means
+from indexer.evaluate import ground_truth, similarities
+from indexer.index import load_index_dir
+from indexer.metrics import retrieval_query_metrics
+from indexer.relevance import rouge_relevance
+from training.progress import quiet
+
 HERE = Path(__file__).resolve().parent
 CELL = "clean_h512"
 TRIPLES = {"seeds 0-2": (0, 1, 2), "seeds 3-5": (3, 4, 5)}
@@ -31,12 +38,6 @@ KEYS = ("i2t_first_rank", "t2i_first_rank", "t2i_ndcg")
 
 def build(grid_out: Path) -> None:
     """Every member's and ensemble's per-query arrays, from the members' index folders."""
-    from indexer.evaluate import ground_truth, similarities
-    from indexer.index import load_index_dir
-    from indexer.metrics import retrieval_query_metrics
-    from indexer.relevance import rouge_relevance
-    from training.progress import quiet
-
     out = HERE / "per_query"
     out.mkdir(exist_ok=True)
     done = {name: t for name, t in TRIPLES.items()  # a triple whose members have all finished
@@ -73,18 +74,12 @@ def load(split: str) -> tuple[dict[str, dict[str, np.ndarray]], np.ndarray]:
     return {n: {k: z[f"{n}/{k}"] for k in KEYS} for n in names}, z["t2i_image"]
 
 
-def recall_points(first_rank: np.ndarray) -> np.ndarray:
-    r = np.asarray(first_rank, dtype=np.float64)
-    return 100.0 * sum((r <= k).astype(np.float64) for k in (1, 5, 10))
-
-
 def rsum(q: dict) -> float:
     return float(recall_points(q["i2t_first_rank"]).mean() + recall_points(q["t2i_first_rank"]).mean())
 
 
 def image_bootstrap(i2t: np.ndarray, t2i: np.ndarray, image: np.ndarray, n: int = 10_000, seed: int = 0):
     """95 % interval of mean(i2t) + mean(t2i) when images are drawn with replacement, each with its captions."""
-    from indexer.bootstrap import resample_image_means
     reps, _ = resample_image_means(np.random.default_rng(seed), i2t, t2i, image, [], n)
     return np.percentile(reps, [2.5, 97.5])
 
