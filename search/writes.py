@@ -91,10 +91,13 @@ class ItemWrites:
         self._compacting: set[str] = set()
         self._embedder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ltd-writes",
                                             initializer=_lower_priority, initargs=(nice,))
+        # an add's uploaded files, written (each fsync waits on the disk) while the model runs
+        self._files = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ltd-write-files")
 
     def close(self) -> None:
         """Stop the write thread once the write it runs (if any) is done."""
         self._embedder.shutdown(wait=True)
+        self._files.shutdown(wait=True)
 
     def _embedding(self, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` on the embedding thread (see the module doc); its result or its error."""
@@ -134,12 +137,11 @@ class ItemWrites:
         images = [self.svc.uploads.decode(u.data, 2 * backbone.preprocess.resize) for u, _, _ in checked]
         store = e.live.store  # every upload is an image now: its file is written while the model runs
         digests = [sha256_bytes(u.data) for u, _, _ in checked]
-        with ThreadPoolExecutor(max_workers=min(8, len(checked))) as pool:  # each file's fsync waits on the disk
-            stored = pool.map(lambda u, d: store.store_file(d, _suffix(u.data), u.data), uploads, digests)
-            with torch.inference_mode():
-                x = e.model.image.prepare(images).to(e.model.device)
-                vectors = e.model.image(x).float().cpu().numpy()
-            paths = list(stored)
+        stored = self._files.map(lambda u, d: store.store_file(d, _suffix(u.data), u.data), uploads, digests)
+        with torch.inference_mode():
+            x = e.model.image.prepare(images).to(e.model.device)
+            vectors = e.model.image(x).float().cpu().numpy()
+        paths = list(stored)
         texts = [c for _, caps, _ in checked for c in caps]
         cap_vecs = embed_captions(e.model, texts) if texts else np.zeros((0, vectors.shape[1]), np.float32)
         rows, c = [], 0
