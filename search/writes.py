@@ -198,7 +198,7 @@ class ItemWrites:
         caps = None
         if captions is not None:
             texts = check_captions(captions)
-            vecs = embed_captions(e.model, texts) if texts else []
+            vecs = self._embedding(embed_captions, e.model, texts) if texts else []
             caps = [(t, t, vecs[j]) for j, t in enumerate(texts)]
         try:
             self._commit(name, lambda entry: entry.live.store.edit(int(image_id), new_md, caps))

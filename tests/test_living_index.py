@@ -306,3 +306,22 @@ def test_writes_embed_on_a_thread_of_lower_priority(living):
         return int(Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[16])
 
     assert nice(writer[0].native_id) == min(19, nice(threading.get_native_id()) + 10)
+
+
+def test_new_captions_of_an_edit_are_embedded_on_the_write_thread(living, monkeypatch):
+    """A PATCH that replaces an item's captions embeds them where an add embeds its images: on the write
+    thread, not on the request's."""
+    import search.writes as writes
+
+    c, _ = living
+    (image_id,) = add(c, [402])
+    real, threads = writes.embed_captions, []
+
+    def recorded(model, texts):
+        threads.append(threading.current_thread().name)
+        return real(model, texts)
+
+    monkeypatch.setattr(writes, "embed_captions", recorded)
+    r = c.patch(f"/api/models/ltd/items/{image_id}", json={"captions": ["a red kite over the dunes"]})
+    assert r.status_code == 200 and [x["text"] for x in r.json()["captions"]] == ["a red kite over the dunes"]
+    assert threads and all(t.startswith("ltd-writes") for t in threads)
