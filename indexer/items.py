@@ -35,6 +35,7 @@ import numpy as np
 
 from indexer.caption_texts import model_texts
 from indexer.index import IndexDir, IndexDirError
+from indexer.item_reads import Changes, StoreReader, connect
 from training.fsio import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -73,33 +74,24 @@ class NewImage:
     captions: list[tuple[str, str, np.ndarray]] = field(default_factory=list)  # (text, model text, vector)
 
 
-@dataclass
-class Changes:
-    """What changed after a seq: rows added (with vectors), ids removed, metadata edited."""
-
-    seq: int
-    images: list[dict]  # added: id, sha256, path, filename, metadata, vector
-    captions: list[dict]  # added: id, image_id, text, model_text, vector
-    removed_images: list[int]
-    removed_captions: list[int]
-    edited: dict[int, dict]  # image id → its whole metadata now
-
-
 def _blob(v: np.ndarray) -> bytes:
     return np.ascontiguousarray(v, dtype=np.float32).tobytes()
 
 
-def _vec(b: bytes | None) -> np.ndarray | None:
-    return None if b is None else np.frombuffer(b, dtype=np.float32).copy()
-
-
 class ItemStore:
-    """One index directory's ``items.sqlite``. Thread-safe (one connection, serialised); several
-    processes may use the same store (SQLite locks it: one writer at a time)."""
+    """One index directory's ``items.sqlite``. Thread-safe; several processes may use the same store
+    (SQLite locks it: one writer at a time). Writes go through one connection, serialised by a lock; the
+    reads a search makes (``data_version``, ``metadata``, ``changes_since``) go through a
+    ``StoreReader`` (indexer/item_reads.py): they never wait for a write's transaction."""
 
     def __init__(self, path: Path, conn: sqlite3.Connection):
         self.index_path, self.conn = Path(path), conn
         self._lock = threading.RLock()
+        self.reads: StoreReader | None = None  # opened once the schema exists (open)
+        # Writes of this process committed (or committing) but not yet applied by their writer, which
+        # applies them before it answers: a search need not wait for them (search/live.py, refresh).
+        self.in_flight: set[int] = set()
+        self._tx_seqs: list[int] = []
 
     # ---- opening -------------------------------------------------------------------------------
     @classmethod
@@ -110,10 +102,9 @@ class ItemStore:
         db = ix.path / DB
         if not db.exists() and not create:
             return None
-        conn = sqlite3.connect(db, check_same_thread=False, isolation_level=None, timeout=30.0)
+        conn = connect(db)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("PRAGMA busy_timeout=30000")
         store = cls(ix.path, conn)
         with store.transaction():  # DDL is transactional in SQLite: a killed creation leaves no store
             for statement in _SCHEMA.split(";"):
@@ -123,6 +114,7 @@ class ItemStore:
                 store._seed(ix)
         if store.get_meta("schema") != str(SCHEMA):
             raise IndexDirError(f"{db} is item store schema {store.get_meta('schema')}; this ltd reads {SCHEMA}")
+        store.reads = StoreReader(db)
         store._match_base(ix)
         store.remove_orphan_files()
         return store
@@ -187,13 +179,23 @@ class ItemStore:
         return int(row[0] or 0)
 
     def data_version(self) -> int:
-        """Changes when another connection (another process) committed since the last call."""
-        with self._lock:
-            return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
+        """Changes when anything was committed since the last call (this store's writes too)."""
+        return self.reads.data_version()
+
+    def seqs_after(self, seq: int, limit: int) -> list[int]:
+        """The first ``limit`` writes committed after ``seq``."""
+        return self.reads.seqs_after(seq, limit)
+
+    def applied(self, seq: int) -> None:
+        """The served snapshot holds every write up to ``seq``: they are no longer in flight."""
+        self.in_flight.difference_update([s for s in list(self.in_flight) if s <= seq])
 
     def _write(self, op: str, detail: str = "") -> int:
         cur = self.conn.execute("INSERT INTO writes (op, at, detail) VALUES (?, ?, ?)", (op, time.time(), detail))
-        return int(cur.lastrowid)
+        seq = int(cur.lastrowid)
+        self._tx_seqs.append(seq)
+        self.in_flight.add(seq)
+        return seq
 
     def _next_id(self, key: str, n: int) -> int:
         first = int(self.get_meta(key))
@@ -291,34 +293,11 @@ class ItemStore:
     # ---- reads ---------------------------------------------------------------------------------
     def metadata(self, ids: list[int] | None = None) -> dict[int, dict]:
         """id → metadata of live images (all of them, or ``ids``)."""
-        if ids is None:
-            rows = self.conn.execute("SELECT id, metadata FROM images WHERE deleted_seq IS NULL")
-        else:
-            marks = ",".join("?" * len(ids))
-            rows = self.conn.execute(f"SELECT id, metadata FROM images WHERE deleted_seq IS NULL AND id IN ({marks})",
-                                     [int(i) for i in ids])
-        return {int(i): json.loads(m) for i, m in rows}
+        return self.reads.metadata(ids)
 
     def changes_since(self, seq: int) -> Changes:
         """Everything committed after ``seq`` (added rows come with their vectors, oldest first)."""
-        with self._lock:
-            last = self.last_seq()
-            c = self.conn
-            images = [dict(id=int(r[0]), sha256=r[1], path=r[2], filename=r[3], metadata=json.loads(r[4]),
-                           vector=_vec(r[5]))
-                      for r in c.execute("SELECT id, sha256, path, filename, metadata, vector FROM images WHERE "
-                                         "added_seq>? AND added_seq<=? ORDER BY added_seq, id", (seq, last))]
-            captions = [dict(id=int(r[0]), image_id=r[1], text=r[2], model_text=r[3] or r[2], vector=_vec(r[4]))
-                        for r in c.execute("SELECT id, image_id, text, model_text, vector FROM captions WHERE "
-                                           "added_seq>? AND added_seq<=? ORDER BY added_seq, id", (seq, last))]
-            gone_i = [int(r[0]) for r in c.execute("SELECT id FROM images WHERE deleted_seq>? AND deleted_seq<=?",
-                                                   (seq, last))]
-            gone_c = [int(r[0]) for r in c.execute("SELECT id FROM captions WHERE deleted_seq>? AND deleted_seq<=?",
-                                                   (seq, last))]
-            edited = {int(r[0]): json.loads(r[1]) for r in c.execute(  # rows added in the window come whole above
-                "SELECT id, metadata FROM images WHERE edited_seq>? AND edited_seq<=? AND added_seq<=? AND "
-                "deleted_seq IS NULL", (seq, last, seq))}
-        return Changes(last, images, captions, gone_i, gone_c, edited)
+        return self.reads.changes_since(seq)
 
     def pending(self) -> dict[str, int]:
         """Rows not yet in the base generation: added, and removed."""
@@ -367,6 +346,8 @@ class ItemStore:
 
     def close(self) -> None:
         self.conn.close()
+        if self.reads is not None:
+            self.reads.close()
 
 
 class _Transaction:
@@ -383,11 +364,17 @@ class _Transaction:
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        store, done = self.store, False
         try:
             if self.outer:
-                self.store.conn.execute("ROLLBACK" if exc_type else "COMMIT")
+                store.conn.execute("ROLLBACK" if exc_type else "COMMIT")
+                done = not exc_type
         finally:
-            self.store._lock.release()
+            if self.outer:
+                if not done:  # rolled back: those seqs were never written (and may be numbered again)
+                    store.in_flight.difference_update(store._tx_seqs)
+                store._tx_seqs.clear()
+            store._lock.release()
         return False
 
 

@@ -26,6 +26,7 @@ from search.filters import MetadataTable
 from search.live_views import ConcatList, LiveSearch, Positions, RowVectors
 
 log = logging.getLogger(__name__)
+_LOOK_AHEAD = 64  # writes a search's refresh looks at before it just catches up
 
 
 class _Rows:
@@ -84,10 +85,10 @@ class LiveIndex:
         self.table = MetadataTable.from_dicts([self._row_metadata(k, base_md) for k in range(self._n_img)],
                                               texts=self._base_texts())
         self.seq = store.folded_seq if store is not None else 0
-        self._version = store.data_version() if store is not None else 0
+        self._version = None
         self._publish()
         if store is not None:
-            self.apply(store.changes_since(self.seq))
+            self.catch_up()
 
     @classmethod
     def open(cls, ix: IndexDir, *, writable: bool = False) -> LiveIndex:
@@ -121,11 +122,27 @@ class LiveIndex:
     def apply(self, ch: Changes) -> None:
         """Add ``ch``'s rows, mark its removals, take its metadata edits; publish a new snapshot."""
         with self._lock:
-            if ch.seq <= self.seq and not (ch.images or ch.removed_images or ch.edited):
-                return
-            self._apply(ch)
-            self.seq = max(self.seq, ch.seq)
-            self._publish()
+            self._take(ch)
+
+    def _take(self, ch: Changes) -> None:
+        if ch.seq <= self.seq and not (ch.images or ch.removed_images or ch.edited):
+            return
+        self._apply(ch)
+        self.seq = max(self.seq, ch.seq)
+        self._publish()
+        if self.store is not None:
+            self.store.applied(self.seq)
+
+    def catch_up(self) -> bool:
+        """Apply everything committed to the store since this snapshot (this process's writes and other
+        processes'); True when the snapshot changed. The store's version is read before its changes, so
+        what commits after the read is seen by the next ``refresh``; changes are read and applied under
+        one lock, so they are applied in the order they were committed."""
+        with self._lock:
+            version, before = self.store.data_version(), self.seq
+            self._take(self.store.changes_since(self.seq))
+            self._version = version
+            return self.seq != before
 
     def _apply(self, ch: Changes) -> None:
         new_imgs = [r for r in ch.images if r["id"] not in self._img_pos and r["id"] not in self._img.pos]
@@ -232,16 +249,20 @@ class LiveIndex:
 
     # ---- other processes ----------------------------------------------------------------------
     def refresh(self) -> bool:
-        """Apply what other processes committed to the store since the last look; True when it changed."""
+        """Apply what was committed to the store since the last look (``catch_up``), when anything was: a
+        check of the store's version, which never waits for a write; True when the snapshot changed."""
         if self.store is None:
             return False
         version = self.store.data_version()
         if version == self._version:
             return False
-        self._version = version
-        before = self.seq
-        self.apply(self.store.changes_since(self.seq))
-        return self.seq != before
+        unseen = self.store.seqs_after(self.seq, _LOOK_AHEAD)
+        if not unseen:  # every write is applied (the version moved for a fold, or ahead of its writer)
+            self._version = version
+            return False
+        if len(unseen) < _LOOK_AHEAD and self.store.in_flight.issuperset(unseen):
+            return False  # this process's own writes, not answered yet: each writer applies its own first
+        return self.catch_up()
 
     def pending(self) -> dict[str, int]:
         """Rows this snapshot holds beyond its base generation: images added, and images removed (from

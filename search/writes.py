@@ -114,7 +114,7 @@ class ItemWrites:
         with self._locks[name]:
             e = self._entry(name)
             result = write(e)
-            e.live.apply(e.live.store.changes_since(e.live.seq))
+            e.live.catch_up()
         if self.compact_after and name not in self._compacting and sum(e.live.pending().values()) >= self.compact_after:
             self.compact(name)  # in the background; answers keep coming from the current generation
         return self.svc.registry.get(name), result

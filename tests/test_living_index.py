@@ -325,3 +325,42 @@ def test_new_captions_of_an_edit_are_embedded_on_the_write_thread(living, monkey
     r = c.patch(f"/api/models/ltd/items/{image_id}", json={"captions": ["a red kite over the dunes"]})
     assert r.status_code == 200 and [x["text"] for x in r.json()["captions"]] == ["a red kite over the dunes"]
     assert threads and all(t.startswith("ltd-writes") for t in threads)
+
+
+def test_a_search_never_waits_for_a_write_in_its_transaction(living):
+    """A write holds the store's writer connection from its first row to its commit; what a search asks
+    of the store (has anything changed, metadata, the changes) goes through connections of its own and
+    answers at once, from what was committed: the uncommitted edit is not seen until it commits."""
+    c, _ = living
+    (image_id,) = add(c, [403], [{"metadata": {"album": "before"}}])
+    live = c.app.state.service.registry.get("ltd").live
+    store = live.store
+    inside, release = threading.Event(), threading.Event()
+
+    def write():
+        with store.transaction():
+            store.edit(image_id, metadata={"album": "after"})
+            inside.set()
+            release.wait(30)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert inside.wait(10)
+        t0 = time.perf_counter()
+        assert live.refresh() is False  # nothing committed since: no change, and no wait
+        assert store.metadata([image_id])[image_id]["album"] == "before"
+        assert store.changes_since(live.seq).images == []
+        r = c.post("/api/search/text", json={"model": "ltd", "query": "a photo", "k": 5,
+                                              "filter": {"field": "album", "eq": "before"}})
+        assert r.status_code == 200 and [h["id"] for h in r.json()["results"]] == [image_id]
+        assert time.perf_counter() - t0 < 5.0  # the write holds its transaction for up to 30 s
+        assert writer.is_alive()
+    finally:
+        release.set()
+        writer.join(30)
+    live.catch_up()  # what the writer does before it answers
+    assert store.metadata([image_id])[image_id]["album"] == "after"
+    r = c.post("/api/search/text", json={"model": "ltd", "query": "a photo", "k": 5,
+                                          "filter": {"field": "album", "eq": "after"}})
+    assert [h["id"] for h in r.json()["results"]] == [image_id]
