@@ -97,6 +97,9 @@ class SearchConfig(Section):
     # How much lower the CPU priority of the thread that embeds a write's images is (nice +N; 0: as the
     # searches'): an add then takes the CPU the searches leave (search/writes.py, BENCHMARKS.md).
     write_nice: int = Field(10, ge=0, le=19)
+    # Whether a write's uploads are embedded on a thread of the server (else, the default, by a child process
+    # per model: search/embed_process.py; the searches then never wait for the add's GIL or runtime threads).
+    write_in_process: bool = False
     max_items_per_add: int = Field(32, ge=1, le=1000)
     max_batch_queries: int = Field(32, ge=1, le=1000)
     ingest_roots: list[str] = Field(default_factory=list)
@@ -131,15 +134,20 @@ class SearchService(QueryMixin):
                                     max_batch=config.max_text_batch, quantize=config.text_quantize,
                                     runtime=config.text_runtime, runtime_threads=config.text_runtime_threads)
         self.registry = ModelRegistry(models, checkpoints=checkpoints, verify=config.verify_index,
-                                      on_loaded=self.encoder.attach,
+                                      on_loaded=self._loaded,
                                       images_roots=tuple(config.images_roots), writable=config.writable)
         self.masks = MaskCache()
         self.writes = ItemWrites(self, ingest_roots=tuple(config.ingest_roots), compact_after=config.compact_after,
-                                   nice=config.write_nice)
+                                   nice=config.write_nice, in_process=config.write_in_process)
         self.uploads = UploadDecoder(max_pixels=config.max_upload_pixels, max_concurrent=config.max_concurrent_decodes)
         self.thumbnails = Thumbnails(config.thumb_cache)
         self.explorer_rows = analysis.Explorer()
         self.explainer = Explainer(self.registry.get, self.encoder, self.encode_image_bytes, self.clean_query)
+
+    def _loaded(self, entry: ModelEntry) -> None:
+        """The registry's ``on_loaded``: the model's query encoding, and (writable) its write embedder, started."""
+        self.encoder.attach(entry)
+        self.writes.warm(entry)
 
     def close(self) -> None:
         """Stop the query encoder's batching thread and the write thread (after the write it runs)."""

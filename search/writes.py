@@ -5,11 +5,14 @@ the server was started writable (``ltd serve --writable``: the registry creates 
 token that guards them is the API layer's business. Per model, writes are serialised (a lock; across
 processes SQLite's own lock): two writers never lose an update. Each write is durable when it returns
 (indexer/items.py) and is applied to the served snapshot before it returns, so the next query sees it
-(read-your-writes). Uploads are checked (type, pixel budget) and embedded here before the store's
-transaction, on one embedding thread of the server's own at a lower CPU priority (``write_nice``, nice
-+10 by default; the threads torch starts from it inherit it): on a machine that searches already keep
-busy, an add takes the CPU the searches leave instead of the searches' latency. A server-side folder is
-read only inside the operator's ingest roots (``--ingest-root``).
+(read-your-writes). Uploads are checked (type, pixel budget) and embedded before the store's
+transaction, one write at a time, at a lower CPU priority (``write_nice``, nice +10 by default): on a
+machine that searches already keep busy, an add takes the CPU the searches leave instead of the
+searches' latency. By default (``write_in_process`` off) the uploads are decoded and embedded by a child
+process per model (search/embed_process.py: its own GIL and runtime threads, all of them niced); else
+on a thread of the server's own (the threads torch starts from it inherit its priority, the image
+runtime's pool does not). A server-side folder is read only inside the operator's ingest roots
+(``--ingest-root``); its images, and an edit's captions, are embedded on that thread.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from indexer.embed import embed_captions
 from indexer.file_meta import file_metadata
 from indexer.ingest import IMAGE_SUFFIX, ItemInput, prepare, sha256_bytes
 from indexer.items import NewImage
+from search.embed_process import EmbedderSpec, ProcessEmbedder, child_nice
 from search.errors import BadRequest, Conflict, Forbidden, NotFound
 from search.files import sniff_image_type
 from search.filters import FIELD_NAME
@@ -83,8 +87,10 @@ def check_captions(captions: object) -> list[str]:
 class ItemWrites:
     """See the module doc. ``service``: the SearchService whose registry, uploads and encoder it uses."""
 
-    def __init__(self, service, *, ingest_roots: tuple[str, ...] = (), compact_after: int = 0, nice: int = 0):
-        self.svc = service
+    def __init__(self, service, *, ingest_roots: tuple[str, ...] = (), compact_after: int = 0, nice: int = 0,
+                 in_process: bool = False):
+        self.svc, self.nice, self.in_process = service, nice, in_process
+        self._processes: dict[str, ProcessEmbedder] = {}  # model name → its write embedder (module doc)
         self.compact_after = compact_after
         self.ingest_roots = tuple(Path(r).resolve() for r in ingest_roots)
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
@@ -95,9 +101,32 @@ class ItemWrites:
         self._files = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ltd-write-files")
 
     def close(self) -> None:
-        """Stop the write thread once the write it runs (if any) is done."""
+        """Stop the write thread once the write it runs (if any) is done, and the embedder processes."""
         self._embedder.shutdown(wait=True)
         self._files.shutdown(wait=True)
+        for proc in self._processes.values():
+            proc.close()
+
+    def warm(self, e: ModelEntry) -> None:
+        """Start ``e``'s embedder process now (on the write thread, in the background), so that the first
+        add does not wait for it to load the model; nothing when writes are off or embedded in process."""
+        if self.svc.registry.writable and not self.in_process and e.live is not None \
+                and e.model.image.backbone is not None:
+            self._embedder.submit(self._process_for, e)
+
+    def _process_for(self, e: ModelEntry) -> ProcessEmbedder:
+        """``e``'s embedder process (write thread only): a model reloaded with another checkpoint gets a new one."""
+        proc = self._processes.get(e.name)
+        if proc is not None and proc.spec.sha256 != e.sha256:
+            proc.close()
+            proc = None
+        if proc is None:
+            c = self.svc.config
+            proc = self._processes[e.name] = ProcessEmbedder(EmbedderSpec(
+                checkpoint=str(e.checkpoint), sha256=e.sha256, device=c.device, max_pixels=c.max_upload_pixels,
+                max_upload_bytes=c.max_upload_bytes, nice=child_nice(self.nice)))
+        proc.start()
+        return proc
 
     def _embedding(self, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` on the embedding thread (see the module doc); its result or its error."""
@@ -134,14 +163,22 @@ class ItemWrites:
         if backbone is None:
             raise BadRequest(f"model {e.name} has no image backbone: it cannot embed new images")
         checked = [(u, check_captions(u.captions), check_metadata(u.metadata)) for u in uploads]
-        images = [self.svc.uploads.decode(u.data, 2 * backbone.preprocess.resize) for u, _, _ in checked]
-        store = e.live.store  # every upload is an image now: its file is written while the model runs
+        store, min_side = e.live.store, 2 * backbone.preprocess.resize
         digests = [sha256_bytes(u.data) for u, _, _ in checked]
-        stored = self._files.map(lambda u, d: store.store_file(d, _suffix(u.data), u.data), uploads, digests)
-        with torch.inference_mode():
-            x = e.model.image.prepare(images).to(e.model.device)
-            vectors = e.model.image(x).float().cpu().numpy()
-        paths = list(stored)
+        stored = []
+
+        def store_files() -> None:  # every upload is an image now: its file is written while the model runs
+            stored.append(self._files.map(lambda u, d: store.store_file(d, _suffix(u.data), u.data), uploads, digests))
+
+        if self.in_process:
+            images = [self.svc.uploads.decode(u.data, min_side) for u, _, _ in checked]
+            store_files()
+            with torch.inference_mode():
+                x = e.model.image.prepare(images).to(e.model.device)
+                vectors = e.model.image(x).float().cpu().numpy()
+        else:
+            vectors = self._process_for(e).embed([u.data for u in uploads], min_side, on_decoded=store_files)
+        paths = list(stored[0])
         texts = [c for _, caps, _ in checked for c in caps]
         cap_vecs = embed_captions(e.model, texts) if texts else np.zeros((0, vectors.shape[1]), np.float32)
         rows, c = [], 0

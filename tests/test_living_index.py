@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import threading
 import time
@@ -293,19 +294,39 @@ def test_ground_truth_metrics_under_a_filter_are_those_of_the_ranking_shown(livi
     assert out["metrics"] is None and len(out["results"]) == 3
 
 
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="per-thread nice values are read from Linux's /proc")
-def test_writes_embed_on_a_thread_of_lower_priority(living):
-    """The images of a write are embedded on the server's write thread, at nice +10 over the searches'
-    (search/writes.py): on a busy machine the add yields the CPU to the searches."""
+LINUX_PROC = pytest.mark.skipif(not Path("/proc/self/task").is_dir(),
+                                reason="per-thread nice values are read from Linux's /proc")
+
+
+def nice_of(pid: int, tid: int | None = None) -> int:
+    stat = Path(f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])
+
+
+@LINUX_PROC
+def test_writes_embed_in_a_child_process_of_lower_priority(living):
+    """By default the images of a write are embedded by a child process per model at nice +10 over the
+    searches' (search/embed_process.py): on a busy machine the add yields the CPU to the searches, and no
+    thread of it shares the server's GIL."""
     c, _ = living
     add(c, [401])
-    writer = list(c.app.state.service.writes._embedder._threads)  # this server's write thread
-    assert len(writer) == 1 and writer[0].name.startswith("ltd-writes")
+    child = c.app.state.service.writes._processes["ltd"].pid
+    assert child is not None and child != os.getpid()
+    assert nice_of(child) == min(19, os.nice(0) + 10)
 
-    def nice(tid: int) -> int:
-        return int(Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[16])
 
-    assert nice(writer[0].native_id) == min(19, nice(threading.get_native_id()) + 10)
+@LINUX_PROC
+def test_writes_embed_in_process_on_a_thread_of_lower_priority(tiny_index_pair, tmp_path):
+    """``write_in_process``: on the server's write thread instead, at the same nice +10."""
+    index = shutil.copytree(tiny_index_pair["ltd"], tmp_path / "ltd")
+    image_roots.record(index, read_manifest(index)["image_roots"])
+    settings = pair_settings(tiny_index_pair, models={"ltd": str(index)}, writable=True, write_in_process=True)
+    with TestClient(create_app(settings)) as c:
+        add(c, [401])
+        assert not c.app.state.service.writes._processes
+        writer = list(c.app.state.service.writes._embedder._threads)  # this server's write thread
+        assert len(writer) == 1 and writer[0].name.startswith("ltd-writes")
+        assert nice_of(os.getpid(), writer[0].native_id) == min(19, os.nice(0) + 10)
 
 
 def test_new_captions_of_an_edit_are_embedded_on_the_write_thread(living, monkeypatch):

@@ -47,6 +47,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                         "non-loopback address they need LTD_WRITE_TOKEN (distinct from LTD_API_TOKEN)")
     p.add_argument("--write-nice", type=int, default=None, metavar="N",
                    help="run the embedding of writes at nice +N, 0-19 (default 10): adds take the CPU searches leave")
+    p.add_argument("--write-in-process", action="store_true", default=None,
+                   help="embed the uploads of writes on a thread of the server (default: a child process per "
+                        "model, so that adds never stall the searches; LTD_WRITE_IN_PROCESS=1)")
     p.add_argument("--ingest-root", action="append", default=[], metavar="DIR",
                    help="a folder whose subfolders a writable server may add images from (repeatable)")
     p.add_argument("--no-ui", action="store_true", help="do not mount the Gradio UI at /ui")
@@ -324,6 +327,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["writable"] = True
     if args.write_nice is not None:
         overrides["write_nice"] = args.write_nice
+    if args.write_in_process:
+        overrides["write_in_process"] = True
     if args.ingest_root:
         for d in args.ingest_root:
             if not Path(d).expanduser().is_dir():

@@ -1,0 +1,125 @@
+"""The write path's embedder process (search/embed_process.py): the same vectors as the server's own
+model, the server's errors for bad uploads, a lower priority, no pickle on the pipe, and a child that
+dies — killed mid-write, or orphaned by its server — never leaves a write half done or a process behind."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_living_index import png
+
+from indexer.build import load_model
+from indexer.index import read_manifest
+from search.embed_process import EmbedderSpec, ProcessEmbedder, child_nice
+from search.errors import BadRequest, NotReady, UnsupportedMediaType
+from search.media import UploadDecoder
+from search.registry import resolve_checkpoint
+from training.fsio import sha256_file
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_index_pair) -> Path:
+    index = Path(tiny_index_pair["ltd"])
+    return resolve_checkpoint(index, read_manifest(index), None)
+
+
+@pytest.fixture(scope="module")
+def embedder(checkpoint):
+    proc = ProcessEmbedder(
+        EmbedderSpec(checkpoint=str(checkpoint), sha256=sha256_file(checkpoint), nice=child_nice(10))
+    )
+    yield proc
+    proc.close()
+
+
+def nice_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def test_the_child_gives_the_servers_vectors_at_a_lower_priority(embedder, checkpoint):
+    uploads = [png(s) for s in range(5)]
+    min_side = 2 * load_model(checkpoint).model.image.backbone.preprocess.resize
+    decoded = []
+    got = embedder.embed(uploads, min_side, on_decoded=lambda: decoded.append(1))
+    model, decoder = load_model(checkpoint).model.eval(), UploadDecoder()
+    with torch.inference_mode():
+        want = model.image(model.image.prepare([decoder.decode(u, min_side) for u in uploads])).float().numpy()
+    assert got.shape == want.shape and decoded == [1]
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert nice_of(embedder.pid) == min(19, os.nice(0) + 10)
+
+
+def test_bad_uploads_are_the_servers_errors_and_the_child_serves_on(embedder):
+    pid = embedder.pid or (embedder.start() or embedder.pid)
+    with pytest.raises(UnsupportedMediaType):
+        embedder.embed([png(1), b"this is not an image"], 128)
+    with pytest.raises(BadRequest):  # an image type's magic bytes, then nothing decodable
+        embedder.embed([b"\x89PNG\r\n\x1a\n" + b"\0" * 64], 128)
+    assert embedder.embed([png(2)], 128).shape[0] == 1 and embedder.pid == pid
+
+
+def test_nothing_on_the_pipe_is_unpickled(embedder, monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("unpickled")
+
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(ForkingPickler, "loads", refuse)  # what Connection.recv() would unpickle with
+    assert embedder.embed([png(3), png(4)], 128).shape[0] == 2
+
+
+def test_a_child_killed_mid_write_fails_that_write_with_503_and_the_next_write_starts_another(embedder):
+    embedder.start()
+    old = embedder.pid
+    with pytest.raises(NotReady):  # killed between decoding and answering with the vectors
+        embedder.embed([png(s) for s in range(32)], 128, on_decoded=lambda: os.kill(old, signal.SIGKILL))
+    assert embedder.embed([png(5)], 128).shape[0] == 1 and embedder.pid != old
+
+
+def test_a_checkpoint_changed_since_the_server_checked_it_is_refused(checkpoint):
+    proc = ProcessEmbedder(EmbedderSpec(checkpoint=str(checkpoint), sha256="0" * 64))
+    with pytest.raises(RuntimeError, match="changed on disk"):
+        proc.start()
+    proc.close()
+
+
+def test_a_child_whose_server_is_killed_exits(checkpoint, tmp_path):
+    script = tmp_path / "server.py"
+    script.write_text(
+        "import sys, time\n"
+        "from search.embed_process import EmbedderSpec, ProcessEmbedder, child_nice\n"
+        f"p = ProcessEmbedder(EmbedderSpec(checkpoint={str(checkpoint)!r}, sha256={sha256_file(checkpoint)!r}))\n"
+        "p.start(); print(p.pid, flush=True); time.sleep(600)\n"
+    )
+    server = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    child = int(server.stdout.readline())
+    assert Path(f"/proc/{child}").exists()
+    server.kill()
+    server.wait()
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        if Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break  # exited; a zombie until init reaps it
+        time.sleep(0.1)
+    alive = (
+        Path(f"/proc/{child}").exists() and Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    )
+    assert not alive
