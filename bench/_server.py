@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -95,21 +96,32 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError("no VmRSS")
 
 
+def cpu_seconds_of(pid: int) -> float:
+    """User + system CPU time of one process (its threads), from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process and its live child processes (uvicorn's workers), from /proc
     (Linux). On a shared machine CPU per request does not depend on what else is running; wall does."""
-    tick = os.sysconf("SC_CLK_TCK")
-
-    def own(p: int) -> float:
-        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-
-    total = own(pid)
+    total = cpu_seconds_of(pid)
     for task in Path(f"/proc/{pid}/task").iterdir():
         for child in (task / "children").read_text().split():
             with contextlib.suppress(OSError):
                 total += cpu_seconds(int(child))
     return total
+
+
+def children_cpu_seconds(pid: int) -> float:
+    """CPU time of a process's live child processes (a server's write embedders), from /proc (Linux)."""
+    return cpu_seconds(pid) - cpu_seconds_of(pid)
+
+
+def waited_children_cpu_seconds() -> float:
+    """User + system CPU of this process's waited-for children (and theirs): what its commands used."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def model_args(pair: dict) -> list[str]:

@@ -6,16 +6,18 @@ against idle, errors, and add throughput against offline `ltd index` on the same
 1. trains the benches' tiny model (bench/_models.py: one epoch on 60 synthetic scenes; the image side is
    the real EfficientNet-Lite0 at 224 px, which is what embedding costs) and indexes the dataset's test
    split with it (`ltd index --runtime torch`);
-2. serves a copy of that index with `ltd serve --writable --no-ui` (torch embeds the uploads, in the
-   request's thread: search/writes.py);
+2. serves a copy of that index with `ltd serve --writable --no-ui`, its image runtime pinned to
+   ``--runtime`` (``LTD_IMAGE_RUNTIME``; auto: what the model would pick here, resolved once), the
+   uploads embedded by its write embedder process (search/embed_process.py; ``--write-in-process``:
+   on its write thread), warmed by one add of an image not among those timed;
 3. the load: bench/api_load.py's keep-alive client (bench/_load_client.py) in a child process, text →
    image searches (k = 10) at ``--concurrency`` in flight, queries drawn from the index's own captions;
    idle for ``--idle`` requests, then all through the add, then idle again;
 4. the add: the dataset's val images (``--add`` of them, none in the index) over REST, ``POST
    /api/models/{name}/items`` multipart, 32 files a request (the server's ``max_items_per_add``), one
    request at a time; each answer checked (``added`` true, a new id), the served count read back;
-5. offline: `ltd index --images-dir` on the same images with the same checkpoint and engine (``--runtime
-   torch``), the server stopped, timed as a whole command and from its "loading the model" log line on.
+5. offline: `ltd index --images-dir` on the same images with the same checkpoint and engine (the same
+   ``--runtime``), the server stopped, timed as a whole command and from its "loading the model" log line on.
 
 Search latency "during the add" counts the requests sent between the first add request and the last
 answer. Everything runs in ``--tmp`` (outside the repository); the dataset is read where it lies.
@@ -31,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -129,11 +132,11 @@ def ltd(*args: str, log: Path | None = None) -> tuple[float, str]:
     return wall, p.stdout + p.stderr
 
 
-def new_images(dataset: Path, n: int, out: Path) -> list[Path]:
-    """The first ``n`` val images of the dataset, copied into ``out`` (outside the repository)."""
+def new_images(dataset: Path, n: int, out: Path, split: str = "val") -> list[Path]:
+    """The first ``n`` images of a split of the dataset, copied into ``out`` (outside the repository)."""
     data = json.loads(dataset.read_text())
     root = dataset.parent / "images"
-    names = [im["filename"] for im in data["images"] if im["split"] == "val"][:n]
+    names = [im["filename"] for im in data["images"] if im["split"] == split][:n]
     out.mkdir(parents=True, exist_ok=True)
     for name in names:
         shutil.copyfile(root / name, out / name)
@@ -166,6 +169,25 @@ def add_all(base: str, model: str, files: list[Path]) -> dict:
             "request_s": per}
 
 
+def add_all_at(nice: int, base: str, model: str, files: list[Path]) -> dict:
+    """``add_all`` from a thread at nice +``nice`` (Linux: a thread's own priority), the rest of this
+    process (the offline command it starts later) left as it is."""
+    if not nice:
+        return add_all(base, model, files)
+    out = {}
+
+    def upload():
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + nice)
+        out.update(add_all(base, model, files))
+
+    t = threading.Thread(target=upload, name="add-client")
+    t.start()
+    t.join()
+    if not out:
+        raise RuntimeError("the add client failed (its traceback is above)")
+    return out
+
+
 def after_model_load(log: str, ended: float) -> float | None:
     """Seconds from ``ltd index``'s "loading the model" log line (HH:MM:SS, local time) to its exit at ``ended``
     (epoch seconds): the command without its interpreter start and imports. None without that line."""
@@ -175,6 +197,15 @@ def after_model_load(log: str, ended: float) -> float | None:
     end = time.localtime(ended)
     at = time.mktime((end.tm_year, end.tm_mon, end.tm_mday, *map(int, m.groups()), 0, 0, -1))
     return ended - at + (86_400 if at > ended else 0)
+
+
+def resolved_runtime(ckpt: Path, name: str) -> str:
+    """The image runtime ``name`` stands for with this checkpoint's backbone on this machine."""
+    if name != "auto":
+        return name
+    from indexer.build import load_model
+
+    return load_model(ckpt).model.image.backbone.image_runtime().name
 
 
 def run(args) -> dict:
@@ -190,18 +221,23 @@ def run(args) -> dict:
     t = time.perf_counter()
     ckpt = tiny_checkpoint(tmp, image_size=224)
     res["train_s"] = time.perf_counter() - t
+    res["runtime"] = runtime = resolved_runtime(ckpt, args.runtime)
+    res["write_in_process"], res["add_client_nice"] = args.write_in_process, args.add_client_nice
     res["base_index_s"], _ = ltd("index", "--checkpoint", str(ckpt), "--dataset", str(dataset), "--split", "test",
                                  "--images-root", str(dataset.parent / "images"), "--out", str(tmp / "base"),
-                                 "--runtime", "torch", "--no-progress")
+                                 "--runtime", runtime, "--no-progress")
     files = new_images(dataset, args.add, tmp / "new")
+    # added before the timing (a train image: not in the index, not among those timed): the write embedder is up
+    (warm_file,) = new_images(dataset, 1, tmp / "warm", split="train")
     served = shutil.copytree(tmp / "base", tmp / "served")
     image_roots.record(served, read_manifest(served)["image_roots"])
     manifest = read_manifest(served)
     res["base_images"] = manifest["counts"]["images"]
     texts = json.loads((served / manifest["files"]["captions.json"]["file"]).read_text())["texts"]
     serve_args = ["--model", f"ltd={served}", "--writable", "--no-ui", "--log-level", "warning",
-                  "--torch-threads", str(args.torch_threads)]
-    with _server.serving(serve_args, tmp / "serve.log", timeout=600) as (_, base):
+                  "--torch-threads", str(args.torch_threads)] + (["--write-in-process"] if args.write_in_process else [])
+    with _server.serving(serve_args, tmp / "serve.log", timeout=600, env={"LTD_IMAGE_RUNTIME": runtime}) as (srv, base):
+        res["warm_add_s"] = add_all(base, "ltd", [warm_file])["wall_s"]
         port = int(base.rsplit(":", 1)[1])
         spec = {"port": port, "model": "ltd", "k": 10, "concurrency": args.concurrency, "texts": texts}
         Load(tmp, "warm", {**spec, "seed": 9, "limit": 300}).finish()
@@ -209,16 +245,20 @@ def run(args) -> dict:
         res["idle_before"] = before.proc.wait(timeout=600) == 0 and json.loads(before.out.read_text())
         during = Load(tmp, "during", {**spec, "seed": 2, "limit": 10**9})
         time.sleep(2.0)  # the child is up and loading the server before the first add
-        add = add_all(base, "ltd", files)
+        cpu0 = _server.cpu_seconds(srv.pid), _server.children_cpu_seconds(srv.pid)
+        add = add_all_at(args.add_client_nice, base, "ltd", files)
+        cpu1 = _server.cpu_seconds(srv.pid), _server.children_cpu_seconds(srv.pid)
         res["during"] = during.finish()
         after = Load(tmp, "idle_after", {**spec, "seed": 3, "limit": args.idle})
         res["idle_after"] = after.proc.wait(timeout=600) == 0 and json.loads(after.out.read_text())
     res["add"] = {k: v for k, v in add.items() if k != "request_s"}
     res["add"]["request_p50_s"] = float(np.median(add["request_s"]))
+    res["add"]["server_cpu_s"], res["add"]["embedder_cpu_s"] = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
+    cpu = _server.waited_children_cpu_seconds()
     wall, log = ltd("index", "--checkpoint", str(ckpt), "--images-dir", str(tmp / "new"), "--out",
-                    str(tmp / "offline"), "--runtime", "torch", "--no-progress", log=tmp / "offline.log")
+                    str(tmp / "offline"), "--runtime", runtime, "--no-progress", log=tmp / "offline.log")
     res["offline"] = {"wall_s": wall, "images": read_manifest(tmp / "offline")["counts"]["images"],
-                      "after_load_s": after_model_load(log, time.time())}
+                      "after_load_s": after_model_load(log, time.time()), "cpu_s": _server.waited_children_cpu_seconds() - cpu}
     res["load1_end"] = load1()
     if not args.keep:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -247,14 +287,14 @@ def summarise(res: dict) -> dict:
 
 INTRO = f"""\
 Served: `ltd serve --writable --no-ui`, a copy of a 1,000-image index (the Flickr8k test split, the benches'
-tiny model: bench/_models.py, EfficientNet-Lite0 at 224 px, torch); the server embeds the uploads in the
-request's thread (search/writes.py). Load: bench/api_load.py's keep-alive client (bench/_load_client.py),
-text → image searches (k = 10) at concurrency 8, from a child process, idle before and after the add
-and all through it. Added: 1,000 Flickr8k val images (not in the index) over REST, {PER_REQUEST} per
-`POST /api/models/{{name}}/items`, one request at a time. Offline: `ltd index --images-dir` on the same
-images, same checkpoint, `--runtime torch`, the server stopped. One block per `--torch-threads` of the
-server (0: torch's default, one thread per core): on two cores that the search load already fills, the
-CPU the add takes is CPU the searches lose, and the server's torch threads trade one target for the other."""
+tiny model: bench/_models.py, EfficientNet-Lite0 at 224 px), the image runtime pinned to the one offline
+`ltd index` uses; the server embeds the uploads in its write embedder process (search/embed_process.py,
+nice +10), or with `--write-in-process` on its write thread (search/writes.py). Load: bench/api_load.py's
+keep-alive client (bench/_load_client.py), text → image searches (k = 10) at concurrency 8, from a child
+process, idle before and after the add and all through it. Added: 1,000 Flickr8k val images (not in the
+index) over REST, {PER_REQUEST} per `POST /api/models/{{name}}/items`, one request at a time, after one
+warm-up add of another image. Offline: `ltd index --images-dir` on the same images, same checkpoint,
+same `--runtime`, the server stopped."""
 
 
 def nice_prefix(res: dict) -> str:
@@ -262,11 +302,16 @@ def nice_prefix(res: dict) -> str:
     return f"nice -n {res['nice']} " if res.get("nice") else ""
 
 
+def mode(res: dict) -> str:
+    return " --write-in-process" if res.get("write_in_process") else ""
+
+
 def render(res: dict, s: dict) -> str:
     ok = lambda good: "yes" if good else "**no**"  # noqa: E731
     a, off = res["add"], res["offline"]
-    lines = [f"### `ltd serve --torch-threads {res['torch_threads']}`", "",
-             f"Machine: {res['machine']}. Date: {res['date']}. Command: `{nice_prefix(res)}{res['command']}` (1-minute "
+    lines = [f"### `ltd serve --torch-threads {res['torch_threads']}{mode(res)}`", "",
+             f"Machine: {res['machine']}. Image runtime: {res.get('runtime', 'torch')}. "
+             f"Date: {res['date']}. Command: `{nice_prefix(res)}{res['command']}` (1-minute "
              f"load {res['load1_start']:.1f} at the start, {res['load1_end']:.1f} at the end; compare "
              f"the ratios, measured in the same run). Index: {res['base_images']:,} images; "
              f"load at concurrency {res['concurrency']}.", "",
@@ -290,6 +335,13 @@ def render(res: dict, s: dict) -> str:
                   f"out) | {s['offline_rate_after_load']:.1f} images/s | | |",
                   f"| add throughput / offline from its model load on | {100 * s['throughput_after_load']:.0f} % | "
                   f"≥ {100 * TARGETS['throughput']:.0f} % | {ok(s['throughput_after_load'] >= TARGETS['throughput'])} |"]
+    if "server_cpu_s" in a and "cpu_s" in off:
+        embedder = "in the server's" if res.get("write_in_process") else \
+            f"{a['embedder_cpu_s']:.1f} s ({1000 * a['embedder_cpu_s'] / max(1, a['ids']):.1f} ms per image)"
+        lines += [f"| CPU during the add: the server's processes (searches included); its write embedder | "
+                  f"{a['server_cpu_s']:.1f} s; {embedder} | | |",
+                  f"| CPU of offline `ltd index` (the whole command) | {off['cpu_s']:.1f} s "
+                  f"({1000 * off['cpu_s'] / max(1, off['images']):.1f} ms per image) | | |"]
     lines += ["",
               f"Idle p99 before / after the add: {s['idle_before']['p99_ms']:.1f} / {s['idle_after']['p99_ms']:.1f} ms; "
               f"max during the add {s['during']['max_ms']:.0f} ms."]
@@ -301,7 +353,8 @@ def section(res: dict, s: dict) -> str:
     cur = read_section(SECTION) or ""
     if "<!-- living_add:" not in cur:
         cur = f"{SECTION}\n\n{INTRO}\n"
-    return replace_marked(cur, f"living_add:torch-threads-{res['torch_threads']}", render(res, s))
+    key = f"living_add:torch-threads-{res['torch_threads']}" + ("-in-process" if res.get("write_in_process") else "")
+    return replace_marked(cur, key, render(res, s))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,10 +368,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--idle", type=int, default=2000, help="searches timed idle, before and again after the add")
     p.add_argument("--torch-threads", type=int, default=0, help="the server's (0: torch's default, one per core)")
+    p.add_argument("--runtime", default="auto", choices=("auto", "torch", "onnxruntime", "openvino"),
+                   help="the image runtime of the server and of offline `ltd index` (auto: resolved once, here)")
+    p.add_argument("--add-client-nice", type=int, default=0, metavar="N",
+                   help="upload the add from a thread at nice +N (an experiment: the searches' tail against when the "
+                        "uploads arrive; the blocks are written with 0)")
+    p.add_argument("--write-in-process", action="store_true", help="the server embeds writes on its write thread")
     p.add_argument("--tmp", default=None, help="folder for the run (default: the system temp)")
     p.add_argument("--keep", action="store_true", help="keep the run's folder")
     p.add_argument("--write", action="store_true")
     args = p.parse_args(argv)
+    if args.write and args.add_client_nice:
+        p.error("--add-client-nice is an experiment: its runs are not written as blocks")
     args.argv = argv
     res = run(args)
     s = summarise(res)

@@ -2,6 +2,7 @@
 shares they deal out, and what they count as "during the add"."""
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -55,3 +56,60 @@ def test_offline_time_is_read_from_the_model_load_line():
     line = time.strftime("%H:%M:%S", time.localtime(now - 42)) + " I ltd.index: loading the model from x …"
     assert living_add.after_model_load("starting\n" + line + "\n{}", now) == pytest.approx(42, abs=1.01)
     assert living_add.after_model_load("no such line", now) is None
+
+
+def test_the_add_client_nice_is_its_threads_alone(monkeypatch):
+    """``--add-client-nice``: the uploads run on a thread of their own priority; the bench's main thread
+    (which starts the offline command after) keeps its own."""
+    import threading
+
+    seen = {}
+
+    def fake_add_all(base, model, files):
+        seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        return {"wall_s": 1.0}
+
+    monkeypatch.setattr(living_add, "add_all", fake_add_all)
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    assert living_add.add_all_at(5, "http://127.0.0.1:1", "ltd", []) == {"wall_s": 1.0}
+    assert seen["nice"] == min(19, before + 5) and os.getpriority(os.PRIO_PROCESS, 0) == before
+    assert living_add.add_all_at(0, "http://127.0.0.1:1", "ltd", [])["wall_s"] == 1.0
+    assert seen["nice"] == before  # 0: on the calling thread
+
+
+def test_a_server_childs_cpu_is_counted_apart_from_the_server():
+    import subprocess
+    import sys
+
+    from bench import _server
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", burn])
+    try:
+        deadline = time.time() + 20
+        while _server.children_cpu_seconds(os.getpid()) < 0.25 and time.time() < deadline:
+            time.sleep(0.05)
+        assert _server.children_cpu_seconds(os.getpid()) >= 0.25
+        assert _server.cpu_seconds(os.getpid()) >= _server.cpu_seconds_of(os.getpid()) + 0.25
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize("in_process", [False, True])
+def test_a_block_says_its_mode_engine_and_the_cpu_each_side_used(in_process):
+    t0 = 1000.0
+    res = {"during": {"start": [t0 + 1], "ms": [5.0], "errors": {}},
+           "idle_before": {"ms": [4.0] * 10, "errors": {}}, "idle_after": {"ms": [4.0] * 10, "errors": {}},
+           "add": {"t0": t0, "t1": t0 + 10, "wall_s": 10.0, "ids": 100, "errors": {}, "total_after": 200,
+                   "request_p50_s": 0.3, "server_cpu_s": 12.0, "embedder_cpu_s": 0.0 if in_process else 0.5},
+           "offline": {"images": 100, "wall_s": 2.0, "after_load_s": None, "cpu_s": 3.0},
+           "machine": "m", "date": "d", "command": "python bench/living_add.py", "nice": 0, "load1_start": 0.1,
+           "load1_end": 0.2, "base_images": 100, "concurrency": 8, "torch_threads": 0, "runtime": "openvino",
+           "write_in_process": in_process}
+    text = living_add.render(res, living_add.summarise(res))
+    assert "Image runtime: openvino" in text
+    assert ("--write-in-process`" in text.splitlines()[0]) is in_process
+    assert "| CPU of offline `ltd index` (the whole command) | 3.0 s (30.0 ms per image) |" in text
+    assert ("in the server's" in text) is in_process
+    assert in_process or "12.0 s; 0.5 s (5.0 ms per image)" in text
