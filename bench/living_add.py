@@ -55,15 +55,18 @@ TARGETS = {"p99_ratio": 2.0, "errors": 0, "throughput": 0.8}
 
 # ---- the load, in a child process -----------------------------------------------------------------
 async def _load(host: str, port: int, bodies: list[bytes], k: int, concurrency: int, stop: Path,
-                limit: int) -> dict:
+                limit: int, parent: int | None = None) -> dict:
     from bench._load_client import RawConnection, _check
 
     starts, lat, errors = [], [], {}
     nxt = 0
 
+    def stopped() -> bool:  # asked to, or orphaned: the bench that started it is gone (killed, failed)
+        return stop.exists() or (parent is not None and os.getppid() != parent) or not stop.parent.is_dir()
+
     async def worker(conn: RawConnection) -> None:
         nonlocal nxt
-        while nxt < limit and not (nxt % 16 == 0 and stop.exists()):
+        while nxt < limit and not (nxt % 16 == 0 and stopped()):
             body = bodies[nxt % len(bodies)]
             nxt += 1
             t_wall, t0 = time.time(), time.perf_counter()
@@ -92,7 +95,7 @@ def load_child(spec: dict) -> int:
     bodies = [json.dumps({"query": texts[i], "model": spec["model"], "k": spec["k"]}).encode()
               for i in rng.integers(0, len(texts), 20_000)]
     out = asyncio.run(_load("127.0.0.1", spec["port"], bodies, spec["k"], spec["concurrency"], Path(spec["stop"]),
-                            spec["limit"]))
+                            spec["limit"], spec.get("parent")))
     Path(spec["out"]).write_text(json.dumps(out))
     return 0
 
@@ -102,7 +105,7 @@ class Load:
 
     def __init__(self, tmp: Path, name: str, spec: dict):
         self.out, self.stop = tmp / f"{name}.json", tmp / f"{name}.stop"
-        spec = {**spec, "out": str(self.out), "stop": str(self.stop)}
+        spec = {**spec, "out": str(self.out), "stop": str(self.stop), "parent": os.getpid()}
         (tmp / f"{name}.spec.json").write_text(json.dumps(spec))
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--load-child",
                                       str(tmp / f"{name}.spec.json")], cwd=ROOT)

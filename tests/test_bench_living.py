@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -113,3 +114,31 @@ def test_a_block_says_its_mode_engine_and_the_cpu_each_side_used(in_process):
     assert "| CPU of offline `ltd index` (the whole command) | 3.0 s (30.0 ms per image) |" in text
     assert ("in the server's" in text) is in_process
     assert in_process or "12.0 s; 0.5 s (5.0 ms per image)" in text
+
+
+def test_a_load_child_whose_bench_died_stops(tmp_path):
+    """A bench killed mid-run (its stop file never written) must not leave its load client running."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a loopback port nothing listens on: every search fails fast
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = {"port": port, "model": "ltd", "k": 10, "concurrency": 2, "texts": ["a dog"], "seed": 0,
+            "limit": 10**9}
+    parent = ("import sys, json; from pathlib import Path; from bench.living_add import Load; "
+              f"l = Load(Path({str(tmp_path)!r}), 'orphan', json.loads({json.dumps(json.dumps(spec))})); "
+              "print(l.proc.pid, flush=True)")
+    out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, cwd=living_add.ROOT,
+                         timeout=60)
+    child = int(out.stdout.split()[0])
+    deadline = time.time() + 30
+    while time.time() < deadline and Path(f"/proc/{child}").exists() and \
+            Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.1)
+    alive = Path(f"/proc/{child}").exists() and Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    if alive:
+        os.kill(child, 9)
+    assert not alive, "the orphaned load client kept running"
