@@ -231,6 +231,14 @@ def _load(spec: EmbedderSpec):
     return model, UploadDecoder(max_pixels=spec.max_pixels, max_concurrent=1)
 
 
+def embed_images(model, images: list) -> np.ndarray:
+    """(n, E) float32 embeddings of decoded images through ``model``'s image tower (the child's, and the
+    write thread's with ``write_in_process``)."""
+    with torch.inference_mode():
+        x = model.image.prepare(images).to(model.device)
+        return np.ascontiguousarray(model.image(x).float().cpu().numpy(), np.float32)
+
+
 def _answer(conn, model, decoder, uploads: list[bytes], min_side: int) -> None:
     try:
         images = [decoder.decode(data, min_side) for data in uploads]
@@ -239,9 +247,7 @@ def _answer(conn, model, decoder, uploads: list[bytes], min_side: int) -> None:
         return
     _send(conn, {"decoded": len(images)})
     try:
-        with torch.inference_mode():
-            x = model.image.prepare(images).to(model.device)
-            vectors = np.ascontiguousarray(model.image(x).float().cpu().numpy(), np.float32)
+        vectors = embed_images(model, images)
     except Exception as e:  # noqa: BLE001 - said to the parent; the child keeps serving
         _send(conn, {"error": "internal", "detail": f"{type(e).__name__}: {e}"})
         return

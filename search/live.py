@@ -2,14 +2,14 @@
 
 ``LiveIndex`` holds one index directory's serving state. Every change (this server's own writes, and
 another process's: ``ltd items``, ``ltd index --append`` on a living index) reaches it through the
-item store (indexer/items.py) as ``Changes``; ``apply`` adds the new rows to append-only buffers,
+item store (indexer/items.py) as ``Changes``; ``catch_up`` adds the new rows to append-only buffers,
 marks removed rows, updates the metadata table, and publishes a new immutable snapshot: an
 ``IndexDir`` whose sides are search/live_views.py's views, plus id → row maps and the metadata table
 that filters read. A request takes one snapshot (``ModelEntry``, search/registry.py) and uses it to
 the end, so it never sees half a write. A new *generation* (a compaction, an append or a rebuild by
 another process) is not applied here: the registry loads it as a new ``LiveIndex`` and swaps it in.
 
-Thread-safety: ``apply`` and ``refresh`` take the index's lock; ``snapshot`` is a plain read.
+Thread-safety: ``catch_up`` takes the index's lock (``refresh`` through it); ``snapshot`` is a plain read.
 """
 from __future__ import annotations
 
@@ -119,28 +119,20 @@ class LiveIndex:
         return [" ".join([str(names[r] or "")] + [texts[c] for c in per_image[r]]) for r in range(self._n_img)]
 
     # ---- changes -------------------------------------------------------------------------------
-    def apply(self, ch: Changes) -> None:
-        """Add ``ch``'s rows, mark its removals, take its metadata edits; publish a new snapshot."""
-        with self._lock:
-            self._take(ch)
-
-    def _take(self, ch: Changes) -> None:
-        if ch.seq <= self.seq and not (ch.images or ch.removed_images or ch.edited):
-            return
-        self._apply(ch)
-        self.seq = max(self.seq, ch.seq)
-        self._publish()
-        if self.store is not None:
-            self.store.applied(self.seq)
-
     def catch_up(self) -> bool:
         """Apply everything committed to the store since this snapshot (this process's writes and other
-        processes'); True when the snapshot changed. The store's version is read before its changes, so
-        what commits after the read is seen by the next ``refresh``; changes are read and applied under
-        one lock, so they are applied in the order they were committed."""
+        processes'): add the new rows, mark the removals, take the metadata edits, publish a new snapshot;
+        True when it changed. The store's version is read before its changes, so what commits after the
+        read is seen by the next ``refresh``; changes are read and applied under one lock, so they are
+        applied in the order they were committed."""
         with self._lock:
             version, before = self.store.data_version(), self.seq
-            self._take(self.store.changes_since(self.seq))
+            ch = self.store.changes_since(self.seq)
+            if ch.seq > self.seq or ch.images or ch.removed_images or ch.edited:
+                self._apply(ch)
+                self.seq = max(self.seq, ch.seq)
+                self._publish()
+                self.store.applied(self.seq)
             self._version = version
             return self.seq != before
 

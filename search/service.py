@@ -94,11 +94,12 @@ class SearchConfig(Section):
     # generation (0: only on POST …/compact or `ltd index --compact`).
     writable: bool = False
     compact_after: int = Field(10_000, ge=0)
-    # How much lower the CPU priority of the thread that embeds a write's images is (nice +N; 0: as the
-    # searches'): an add then takes the CPU the searches leave (search/writes.py, BENCHMARKS.md).
+    # How much lower the CPU priority of what embeds a write's images is (its child process, or the write
+    # thread; nice +N, 0: as the searches'): an add then takes the CPU the searches leave (search/writes.py).
     write_nice: int = Field(10, ge=0, le=19)
     # Whether a write's uploads are embedded on a thread of the server (else, the default, by a child process
-    # per model: search/embed_process.py; the searches then never wait for the add's GIL or runtime threads).
+    # per model: search/embed_process.py, whose decode and model share neither the searches' GIL nor their
+    # runtime threads).
     write_in_process: bool = False
     max_items_per_add: int = Field(32, ge=1, le=1000)
     max_batch_queries: int = Field(32, ge=1, le=1000)

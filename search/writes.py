@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from indexer import compact
 from indexer.corpus import image_files
@@ -33,7 +32,7 @@ from indexer.embed import embed_captions
 from indexer.file_meta import file_metadata
 from indexer.ingest import IMAGE_SUFFIX, ItemInput, prepare, sha256_bytes
 from indexer.items import NewImage
-from search.embed_process import EmbedderSpec, ProcessEmbedder, child_nice
+from search.embed_process import EmbedderSpec, ProcessEmbedder, child_nice, embed_images
 from search.errors import BadRequest, Conflict, Forbidden, NotFound
 from search.files import sniff_image_type
 from search.filters import FIELD_NAME
@@ -173,9 +172,7 @@ class ItemWrites:
         if self.in_process:
             images = [self.svc.uploads.decode(u.data, min_side) for u, _, _ in checked]
             store_files()
-            with torch.inference_mode():
-                x = e.model.image.prepare(images).to(e.model.device)
-                vectors = e.model.image(x).float().cpu().numpy()
+            vectors = embed_images(e.model, images)
         else:
             vectors = self._process_for(e).embed([u.data for u in uploads], min_side, on_decoded=store_files)
         paths = list(stored[0])

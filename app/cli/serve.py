@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="run the embedding of writes at nice +N, 0-19 (default 10): adds take the CPU searches leave")
     p.add_argument("--write-in-process", action="store_true", default=None,
                    help="embed the uploads of writes on a thread of the server (default: a child process per "
-                        "model, so that adds never stall the searches; LTD_WRITE_IN_PROCESS=1)")
+                        "model, outside the searches' interpreter; LTD_WRITE_IN_PROCESS=1)")
     p.add_argument("--ingest-root", action="append", default=[], metavar="DIR",
                    help="a folder whose subfolders a writable server may add images from (repeatable)")
     p.add_argument("--no-ui", action="store_true", help="do not mount the Gradio UI at /ui")
