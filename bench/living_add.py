@@ -5,7 +5,7 @@ against idle, errors, and add throughput against offline `ltd index` on the same
 
 1. trains the benches' tiny model (bench/_models.py: one epoch on 60 synthetic scenes; the image side is
    the real EfficientNet-Lite0 at 224 px, which is what embedding costs) and indexes the dataset's test
-   split with it (`ltd index --runtime torch`);
+   split with it (`ltd index --runtime R`, R the resolved ``--runtime``);
 2. serves a copy of that index with `ltd serve --writable --no-ui`, its image runtime pinned to
    ``--runtime`` (``LTD_IMAGE_RUNTIME``; auto: what the model would pick here, resolved once), the
    uploads embedded by its write embedder process (search/embed_process.py; ``--write-in-process``:
@@ -296,7 +296,7 @@ nice +10), or with `--write-in-process` on its write thread (search/writes.py). 
 keep-alive client (bench/_load_client.py), text → image searches (k = 10) at concurrency 8, from a child
 process, idle before and after the add and all through it. Added: 1,000 Flickr8k val images (not in the
 index) over REST, {PER_REQUEST} per `POST /api/models/{{name}}/items`, one request at a time, after one
-warm-up add of another image. Offline: `ltd index --images-dir` on the same images, same checkpoint,
+warm-up add of another image (a train image). Offline: `ltd index --images-dir` on the same images, same checkpoint,
 same `--runtime`, the server stopped."""
 
 
