@@ -78,6 +78,17 @@ def _blob(v: np.ndarray) -> bytes:
     return np.ascontiguousarray(v, dtype=np.float32).tobytes()
 
 
+def store_upload(folder: Path, sha256: str, suffix: str, data: bytes) -> Path:
+    """An uploaded image, whole on disk before any transaction names it: ``folder`` (an item store's
+    ``items/``) ``/ab/abcd….jpg``, named by its sha256, so a second copy of the same bytes is not written.
+    Also called by the write embedder process (search/embed_process.py), which has the bytes."""
+    path = folder / sha256[:2] / f"{sha256}{suffix}"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, data)
+    return path
+
+
 class ItemStore:
     """One index directory's ``items.sqlite``. Thread-safe; several processes may use the same store
     (SQLite locks it: one writer at a time). Writes go through one connection, serialised by a lock; the
@@ -311,11 +322,7 @@ class ItemStore:
 
     def store_file(self, sha256: str, suffix: str, data: bytes) -> Path:
         """An uploaded image, whole on disk under ``items/`` before any transaction names it."""
-        path = self.files_folder() / sha256[:2] / f"{sha256}{suffix}"
-        if not path.is_file():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(path, data)
-        return path
+        return store_upload(self.files_folder(), sha256, suffix, data)
 
     def remove_orphan_files(self, min_age: float = ORPHAN_AGE) -> int:
         """Delete files under ``items/`` that no live row names: uploads of adds killed before their

@@ -12,7 +12,10 @@ and no re-run of the server's main module), loads the same checkpoint after
 checking its sha256 against the one the server verified, and answers one request at a time over a
 pipe of length-prefixed byte frames — JSON headers, the uploads' raw bytes, the vectors' raw float32
 bytes; nothing on the pipe is pickled. It decodes each upload under the same pixel budget as the
-server (search/media.py) and answers an undecodable one with the server's own error (4xx). A child
+server (search/media.py) and answers an undecodable one with the server's own error (4xx). Once every
+upload has decoded it also stores them (``embed_and_store``: each file written and fsynced under the
+item store's folder while the model runs, its sha256 and file metadata sent back), so that the
+server's GIL never waits on those writes: the searches' tail did, when the server wrote them. A child
 that dies (killed, out of memory) fails the write it was doing with ``NotReady`` (503) and is started
 again by the next one; a child whose parent dies reads the end of its pipe and exits.
 """
@@ -22,12 +25,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -36,7 +41,11 @@ import numpy as np
 import torch
 
 from indexer.build import load_model
+from indexer.file_meta import file_metadata
+from indexer.ingest import IMAGE_SUFFIX, sha256_bytes
+from indexer.items import store_upload
 from search.errors import BadRequest, Busy, NotReady, SearchError, Unsupported, UnsupportedMediaType
+from search.files import sniff_image_type
 from search.media import UploadDecoder
 from search.registry import warm_up
 from training.device import set_device
@@ -46,6 +55,8 @@ log = logging.getLogger("ltd.writes")
 
 _ERRORS = {c.__name__: c for c in (BadRequest, Busy, Unsupported, UnsupportedMediaType)}
 _HEAD = 1 << 16  # bytes: the largest JSON header either side sends
+_RECORD = 1 << 13  # bytes: the most one stored upload's record (save_upload) may take in the answer
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _ROOT = Path(__file__).resolve().parent.parent  # the folder of the ``search`` package
 _CHILD = (
     "import sys; from multiprocessing.connection import Connection; "
@@ -137,10 +148,20 @@ class ProcessEmbedder:
     def embed(self, uploads: list[bytes], min_side: int, on_decoded: Callable[[], None] | None = None) -> np.ndarray:
         """The model's vectors of ``uploads`` (n × dim float32). ``on_decoded`` runs once every upload has
         decoded, while the model runs. An upload that is not a decodable image: the server's error for it."""
+        return self._request(uploads, min_side, None, on_decoded)[0]
+
+    def embed_and_store(self, uploads: list[bytes], min_side: int, folder: Path,
+                        on_decoded: Callable[[], None] | None = None) -> tuple[np.ndarray, list[dict]]:
+        """``embed``, and every upload stored under ``folder`` (an item store's files folder) by the child
+        once all have decoded: the vectors, and ``save_upload``'s record of each upload, in order."""
+        return self._request(uploads, min_side, Path(folder), on_decoded)
+
+    def _request(self, uploads, min_side, folder, on_decoded) -> tuple[np.ndarray, list[dict]]:
         with self._lock:
             self._ensure()
             try:
-                self._conn.send_bytes(json.dumps({"n": len(uploads), "min_side": int(min_side)}).encode())
+                self._conn.send_bytes(json.dumps({"n": len(uploads), "min_side": int(min_side),
+                                                  "folder": None if folder is None else str(folder)}).encode())
                 for data in uploads:
                     self._conn.send_bytes(data)
             except OSError:
@@ -157,9 +178,24 @@ class ProcessEmbedder:
             raw = self._recv(self.timeout, limit=4 * n * dim + 1)
             if len(raw) != 4 * n * dim or n != len(uploads):
                 self._died("answered a torn frame")
+            stored = [] if folder is None else self._stored(folder, n)
             if failed is not None:
                 raise failed
-            return np.frombuffer(raw, np.float32).reshape(n, dim).copy()
+            return np.frombuffer(raw, np.float32).reshape(n, dim).copy(), stored
+
+    def _stored(self, folder: Path, n: int) -> list[dict]:
+        """The child's records of the ``n`` uploads it stored, each a file of ``folder`` named by its sha256."""
+        try:
+            records = json.loads(self._recv(self.timeout, limit=_HEAD + n * _RECORD))
+            ok = isinstance(records, list) and len(records) == n and all(
+                isinstance(r.get("metadata"), dict) and _SHA256.fullmatch(r["sha256"])
+                and Path(r["path"]).parent == folder / r["sha256"][:2] and Path(r["path"]).stem == r["sha256"]
+                for r in records)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            ok = False
+        if not ok:
+            self._died("answered records that are not its stored uploads")
+        return records
 
     def _recv(self, timeout: float, limit: int = _HEAD) -> bytes:
         try:
@@ -210,13 +246,15 @@ def child_main(conn) -> None:
         _send(conn, {"error": "internal", "detail": f"{type(e).__name__}: {e}"})
         return
     _send(conn, {"dim": int(model.image.embed_dim)})
+    files = ThreadPoolExecutor(max_workers=8, thread_name_prefix="store")  # each fsync waits on the disk
     while True:
         try:
             head = json.loads(conn.recv_bytes(_HEAD))
             uploads = [conn.recv_bytes(spec.max_upload_bytes + 1) for _ in range(int(head["n"]))]
         except (EOFError, OSError):
             return  # the server closed the pipe, or died
-        _answer(conn, model, decoder, uploads, int(head["min_side"]))
+        folder = head.get("folder")
+        _answer(conn, model, decoder, uploads, int(head["min_side"]), Path(folder) if folder else None, files)
 
 
 def _load(spec: EmbedderSpec):
@@ -239,20 +277,35 @@ def embed_images(model, images: list) -> np.ndarray:
         return np.ascontiguousarray(model.image(x).float().cpu().numpy(), np.float32)
 
 
-def _answer(conn, model, decoder, uploads: list[bytes], min_side: int) -> None:
+def save_upload(folder: Path, data: bytes) -> dict:
+    """One upload stored under an item store's files folder (indexer/items.py ``store_upload``): its
+    record, ``{"sha256", "path", "metadata"}`` (what a folder index knows of the file: file_metadata)."""
+    digest = sha256_bytes(data)
+    path = store_upload(folder, digest, IMAGE_SUFFIX.get(sniff_image_type(data) or "", ".img"), data)
+    return {"sha256": digest, "path": str(path), "metadata": file_metadata(path)}
+
+
+def _answer(conn, model, decoder, uploads: list[bytes], min_side: int, folder: Path | None,
+            files: ThreadPoolExecutor) -> None:
     try:
         images = [decoder.decode(data, min_side) for data in uploads]
     except SearchError as e:
         _send(conn, {"error": type(e).__name__, "detail": e.detail})
         return
     _send(conn, {"decoded": len(images)})
+    stored = [files.submit(save_upload, folder, data) for data in uploads] if folder is not None else []
     try:
         vectors = embed_images(model, images)
+        records = [f.result() for f in stored]
     except Exception as e:  # noqa: BLE001 - said to the parent; the child keeps serving
+        for f in stored:  # no write of this request still running when the next one comes
+            f.exception()
         _send(conn, {"error": "internal", "detail": f"{type(e).__name__}: {e}"})
         return
     _send(conn, {"shape": list(vectors.shape)})
     conn.send_bytes(vectors.tobytes())
+    if folder is not None:
+        conn.send_bytes(json.dumps(records).encode())
 
 
 def _send(conn, head: dict) -> None:

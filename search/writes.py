@@ -8,10 +8,10 @@ processes SQLite's own lock): two writers never lose an update. Each write is du
 (read-your-writes). Uploads are checked (type, pixel budget) and embedded before the store's
 transaction, one write at a time, at a lower CPU priority (``write_nice``, nice +10 by default): on a
 machine that searches already keep busy, an add takes the CPU the searches leave instead of the
-searches' latency. By default (``write_in_process`` off) the uploads are decoded and embedded by a child
-process per model (search/embed_process.py: its own GIL and runtime threads, all of them niced); else
-on a thread of the server's own (the threads torch starts from it inherit its priority, the image
-runtime's pool does not). A server-side folder is read only inside the operator's ingest roots
+searches' latency. By default (``write_in_process`` off) the uploads are decoded, embedded and stored
+(their files written and fsynced) by a child process per model (search/embed_process.py: its own GIL and
+runtime threads, all of them niced); else on a thread of the server's own (the threads torch starts
+from it inherit its priority, the image runtime's pool does not). A server-side folder is read only inside the operator's ingest roots
 (``--ingest-root``); its images, and an edit's captions, are embedded on that thread.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ import threading
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -29,12 +30,10 @@ import numpy as np
 from indexer import compact
 from indexer.corpus import image_files
 from indexer.embed import embed_captions
-from indexer.file_meta import file_metadata
-from indexer.ingest import IMAGE_SUFFIX, ItemInput, prepare, sha256_bytes
+from indexer.ingest import ItemInput, prepare
 from indexer.items import NewImage
-from search.embed_process import EmbedderSpec, ProcessEmbedder, child_nice, embed_images
+from search.embed_process import EmbedderSpec, ProcessEmbedder, child_nice, embed_images, save_upload
 from search.errors import BadRequest, Conflict, Forbidden, NotFound
-from search.files import sniff_image_type
 from search.filters import FIELD_NAME
 from search.registry import ModelEntry
 
@@ -96,7 +95,7 @@ class ItemWrites:
         self._compacting: set[str] = set()
         self._embedder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ltd-writes",
                                             initializer=_lower_priority, initargs=(nice,))
-        # an add's uploaded files, written (each fsync waits on the disk) while the model runs
+        # with write_in_process, an add's uploaded files, written (each fsync waits on the disk) while the model runs
         self._files = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ltd-write-files")
 
     def close(self) -> None:
@@ -162,28 +161,23 @@ class ItemWrites:
         if backbone is None:
             raise BadRequest(f"model {e.name} has no image backbone: it cannot embed new images")
         checked = [(u, check_captions(u.captions), check_metadata(u.metadata)) for u in uploads]
-        store, min_side = e.live.store, 2 * backbone.preprocess.resize
-        digests = [sha256_bytes(u.data) for u, _, _ in checked]
-        stored = []
-
-        def store_files() -> None:  # every upload is an image now: its file is written while the model runs
-            stored.append(self._files.map(lambda u, d: store.store_file(d, _suffix(u.data), u.data), uploads, digests))
-
+        folder, min_side, datas = e.live.store.files_folder(), 2 * backbone.preprocess.resize, [u.data for u in uploads]
         if self.in_process:
-            images = [self.svc.uploads.decode(u.data, min_side) for u, _, _ in checked]
-            store_files()
-            vectors = embed_images(e.model, images)
-        else:
-            vectors = self._process_for(e).embed([u.data for u in uploads], min_side, on_decoded=store_files)
-        paths = list(stored[0])
+            images = [self.svc.uploads.decode(data, min_side) for data in datas]
+            stored = self._files.map(partial(save_upload, folder), datas)  # every upload is an image: stored
+            vectors = embed_images(e.model, images)  # while the model runs
+            stored = list(stored)
+        else:  # the child stores them too (search/embed_process.py)
+            vectors, stored = self._process_for(e).embed_and_store(datas, min_side, folder)
         texts = [c for _, caps, _ in checked for c in caps]
         cap_vecs = embed_captions(e.model, texts) if texts else np.zeros((0, vectors.shape[1]), np.float32)
         rows, c = [], 0
-        for (u, caps, md), v, digest, path in zip(checked, vectors, digests, paths):
+        for (u, caps, md), v, rec in zip(checked, vectors, stored):
             captions = [(t, t, cap_vecs[c + j]) for j, t in enumerate(caps)]
             c += len(caps)
-            rows.append(NewImage(vector=v, sha256=digest, path=str(path), filename=Path(u.filename).name[:200] or path.name,
-                                 metadata={**file_metadata(path), **md}, captions=captions))
+            path = Path(rec["path"])
+            rows.append(NewImage(vector=v, sha256=rec["sha256"], path=str(path), filename=Path(u.filename).name[:200] or path.name,
+                                 metadata={**rec["metadata"], **md}, captions=captions))
         return rows
 
     def add_folder(self, name: str, folder: str, *, metadata: dict | None = None) -> list[dict]:
@@ -307,7 +301,3 @@ def _lower_priority(nice: int) -> None:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
     except OSError as e:
         log.warning("could not lower the write thread's priority: %s", e)
-
-
-def _suffix(data: bytes) -> str:
-    return IMAGE_SUFFIX.get(sniff_image_type(data) or "", ".img")

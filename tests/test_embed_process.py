@@ -4,6 +4,7 @@ dies — killed mid-write, or orphaned by its server — never leaves a write ha
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import signal
@@ -59,6 +60,25 @@ def test_the_child_gives_the_servers_vectors_at_a_lower_priority(embedder, check
     assert got.shape == want.shape and decoded == [1]
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert nice_of(embedder.pid) == min(19, os.nice(0) + 10)
+
+
+def test_the_child_stores_the_uploads_it_embeds(embedder, tmp_path):
+    """``embed_and_store``: the same vectors as ``embed``, and each upload written whole under the folder,
+    named by its sha256, with the record (sha256, path, file metadata) an in-process add makes of it."""
+    from search.embed_process import save_upload
+
+    uploads, folder = [png(s) for s in (11, 12, 11)], tmp_path / "items"
+    vectors, records = embedder.embed_and_store(uploads, 128, folder)
+    np.testing.assert_allclose(vectors, embedder.embed(uploads, 128), atol=1e-6)
+    for data, rec in zip(uploads, records):
+        assert Path(rec["path"]).read_bytes() == data and rec["sha256"] == hashlib.sha256(data).hexdigest()
+        assert {k: v for k, v in rec.items() if k != "metadata"} == \
+            {k: v for k, v in save_upload(tmp_path / "again", data).items() if k != "metadata"} | {"path": rec["path"]}
+        assert rec["metadata"]["width"] == 64 and rec["metadata"]["bytes"] == len(data)
+    assert len(list(folder.rglob("*.png"))) == 2  # the same bytes twice: one file
+    with pytest.raises(UnsupportedMediaType):  # one upload is not an image: nothing is stored
+        embedder.embed_and_store([png(13), b"not an image"], 128, tmp_path / "none")
+    assert not (tmp_path / "none").exists()
 
 
 def test_bad_uploads_are_the_servers_errors_and_the_child_serves_on(embedder):

@@ -6,6 +6,7 @@ tests/test_living_live.py; the store's crash safety in tests/test_living_crash.p
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -315,6 +316,31 @@ def test_writes_embed_in_a_child_process_of_lower_priority(living):
     assert nice_of(child) == min(19, os.nice(0) + 10)
 
 
+def test_the_embedder_process_stores_the_uploads_not_the_server(living, monkeypatch):
+    """By default an add's files are written (and fsynced) by the embedder process: no thread of the
+    server writes them (its searches' GIL never waits on those writes), and they are what an in-process
+    add stores: named by their sha256 under the store's folder, with their file metadata."""
+    import indexer.items as items
+    import search.embed_process as embed_process
+    import search.writes as writes
+
+    def refused(*a, **k):
+        raise AssertionError("the server wrote an upload")
+
+    monkeypatch.setattr(items, "store_upload", refused)
+    monkeypatch.setattr(embed_process, "store_upload", refused)
+    monkeypatch.setattr(embed_process, "save_upload", refused)
+    monkeypatch.setattr(writes, "save_upload", refused)
+    c, index = living
+    (image_id,) = add(c, [403])
+    data = png(403)
+    item = c.get(f"/api/models/ltd/items/{image_id}").json()
+    assert item["metadata"]["width"] == 64 and item["metadata"]["bytes"] == len(data)
+    assert c.get(f"/api/images/{image_id}?model=ltd").content == data
+    stored = list((index / items.FILES).rglob("*.png"))
+    assert [p.read_bytes() for p in stored] == [data] and stored[0].stem == hashlib.sha256(data).hexdigest()
+
+
 @LINUX_PROC
 def test_writes_embed_in_process_on_a_thread_of_lower_priority(tiny_index_pair, tmp_path):
     """``write_in_process``: on the server's write thread instead, at the same nice +10."""
@@ -327,6 +353,37 @@ def test_writes_embed_in_process_on_a_thread_of_lower_priority(tiny_index_pair, 
         writer = list(c.app.state.service.writes._embedder._threads)  # this server's write thread
         assert len(writer) == 1 and writer[0].name.startswith("ltd-writes")
         assert nice_of(os.getpid(), writer[0].native_id) == min(19, os.nice(0) + 10)
+
+
+@LINUX_PROC
+def test_an_embedder_killed_while_storing_an_add_fails_it_whole(living, monkeypatch):
+    """The write embedder SIGKILLed once every upload has decoded, while it stores them and runs the model:
+    the add is a 503 with nothing committed, any file it had stored is an uncommitted upload (swept), and
+    the next add works."""
+    import signal
+
+    from search.embed_process import ProcessEmbedder
+
+    c, index = living
+    add(c, [404])  # the child is up
+    writes = c.app.state.service.writes
+    before = c.get("/api/models/ltd/items", params={"limit": 1}).json()["total"]
+    real = ProcessEmbedder.embed_and_store
+
+    def killed(self, uploads, min_side, folder, on_decoded=None):
+        return real(self, uploads, min_side, folder, on_decoded=lambda: os.kill(self.pid, signal.SIGKILL))
+
+    monkeypatch.setattr(ProcessEmbedder, "embed_and_store", killed)
+    r = c.post("/api/models/ltd/items", files=[("file", (f"p{s}.png", png(s))) for s in range(405, 437)])
+    assert r.status_code == 503, r.text
+    assert c.get("/api/models/ltd/items", params={"limit": 1}).json()["total"] == before
+    store = writes.svc.registry.get("ltd").live.store
+    store.remove_orphan_files(min_age=0)
+    named = {p for (p,) in store.conn.execute("SELECT path FROM images WHERE path IS NOT NULL AND deleted_seq IS NULL")}
+    on_disk = {str(p) for p in store.files_folder().rglob("*") if p.is_file()}
+    assert len(on_disk) == 1 and on_disk <= named  # the first add's upload alone
+    monkeypatch.setattr(ProcessEmbedder, "embed_and_store", real)
+    assert len(add(c, [437])) == 1
 
 
 def test_new_captions_of_an_edit_are_embedded_on_the_write_thread(living, monkeypatch):
