@@ -14,8 +14,9 @@ against idle, errors, and add throughput against offline `ltd index` on the same
    image searches (k = 10) at ``--concurrency`` in flight, queries drawn from the index's own captions;
    idle for ``--idle`` requests, then all through the add, then idle again;
 4. the add: the dataset's val images (``--add`` of them, none in the index) over REST, ``POST
-   /api/models/{name}/items`` multipart, 32 files a request (the server's ``max_items_per_add``), one
-   request at a time; each answer checked (``added`` true, a new id), the served count read back;
+   /api/models/{name}/items`` multipart, 32 files a request (the server's ``max_items_per_add``),
+   ``--in-flight`` requests at a time (default 1; the server runs them one after another); each answer
+   checked (``added`` true, a new id), the served count read back;
 5. offline: `ltd index --images-dir` on the same images with the same checkpoint and engine (the same
    ``--runtime``), the server stopped, timed as a whole command and from its "loading the model" log line on.
 
@@ -33,8 +34,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -146,18 +147,23 @@ def new_images(dataset: Path, n: int, out: Path, split: str = "val") -> list[Pat
     return [out / name for name in names]
 
 
-def add_all(base: str, model: str, files: list[Path]) -> dict:
+def add_all(base: str, model: str, files: list[Path], in_flight: int = 1) -> dict:
+    """POST ``files`` in requests of ``PER_REQUEST``, ``in_flight`` of them at a time (each sent when one
+    of those before it is answered); every answer checked."""
     import httpx
 
     ids, errors, per = [], {}, []
+    parts = [files[a:a + PER_REQUEST] for a in range(0, len(files), PER_REQUEST)]
+
+    def send(c: httpx.Client, part: list[Path]):
+        t = time.perf_counter()
+        r = c.post(f"/api/models/{model}/items", files=[("file", (p.name, p.read_bytes(), "image/jpeg")) for p in part])
+        return part, r, time.perf_counter() - t
+
     t0 = time.time()
-    with httpx.Client(base_url=base, timeout=600) as c:
-        for a in range(0, len(files), PER_REQUEST):
-            part = files[a:a + PER_REQUEST]
-            t = time.perf_counter()
-            r = c.post(f"/api/models/{model}/items",
-                       files=[("file", (p.name, p.read_bytes(), "image/jpeg")) for p in part])
-            per.append(time.perf_counter() - t)
+    with httpx.Client(base_url=base, timeout=600) as c, ThreadPoolExecutor(in_flight, thread_name_prefix="add") as pool:
+        for part, r, took in pool.map(lambda part: send(c, part), parts):
+            per.append(took)
             if r.status_code != 201:
                 errors[f"HTTP {r.status_code}"] = errors.get(f"HTTP {r.status_code}", 0) + 1
                 continue
@@ -170,25 +176,6 @@ def add_all(base: str, model: str, files: list[Path]) -> dict:
         total = c.get(f"/api/models/{model}/items", params={"limit": 1}).json()["total"]
     return {"t0": t0, "t1": t1, "wall_s": t1 - t0, "ids": len(set(ids)), "errors": errors, "total_after": total,
             "request_s": per}
-
-
-def add_all_at(nice: int, base: str, model: str, files: list[Path]) -> dict:
-    """``add_all`` from a thread at nice +``nice`` (Linux: a thread's own priority), the rest of this
-    process (the offline command it starts later) left as it is."""
-    if not nice:
-        return add_all(base, model, files)
-    out = {}
-
-    def upload():
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + nice)
-        out.update(add_all(base, model, files))
-
-    t = threading.Thread(target=upload, name="add-client")
-    t.start()
-    t.join()
-    if not out:
-        raise RuntimeError("the add client failed (its traceback is above)")
-    return out
 
 
 def after_model_load(log: str, ended: float) -> float | None:
@@ -225,7 +212,7 @@ def run(args) -> dict:
     ckpt = tiny_checkpoint(tmp, image_size=224)
     res["train_s"] = time.perf_counter() - t
     res["runtime"] = runtime = resolved_runtime(ckpt, args.runtime)
-    res["write_in_process"], res["add_client_nice"] = args.write_in_process, args.add_client_nice
+    res["write_in_process"], res["in_flight"] = args.write_in_process, args.in_flight
     res["base_index_s"], _ = ltd("index", "--checkpoint", str(ckpt), "--dataset", str(dataset), "--split", "test",
                                  "--images-root", str(dataset.parent / "images"), "--out", str(tmp / "base"),
                                  "--runtime", runtime, "--no-progress")
@@ -244,12 +231,14 @@ def run(args) -> dict:
         port = int(base.rsplit(":", 1)[1])
         spec = {"port": port, "model": "ltd", "k": 10, "concurrency": args.concurrency, "texts": texts}
         Load(tmp, "warm", {**spec, "seed": 9, "limit": 300}).finish()
+        idle_cpu = _server.cpu_seconds(srv.pid)
         before = Load(tmp, "idle_before", {**spec, "seed": 1, "limit": args.idle})
         res["idle_before"] = before.proc.wait(timeout=600) == 0 and json.loads(before.out.read_text())
+        res["idle_server_cpu_s"] = _server.cpu_seconds(srv.pid) - idle_cpu
         during = Load(tmp, "during", {**spec, "seed": 2, "limit": 10**9})
         time.sleep(2.0)  # the child is up and loading the server before the first add
         cpu0 = _server.cpu_seconds(srv.pid), _server.children_cpu_seconds(srv.pid)
-        add = add_all_at(args.add_client_nice, base, "ltd", files)
+        add = add_all(base, "ltd", files, args.in_flight)
         cpu1 = _server.cpu_seconds(srv.pid), _server.children_cpu_seconds(srv.pid)
         res["during"] = during.finish()
         after = Load(tmp, "idle_after", {**spec, "seed": 3, "limit": args.idle})
@@ -285,6 +274,9 @@ def summarise(res: dict) -> dict:
     out["offline_rate_after_load"] = res["offline"]["images"] / after if after else None
     out["throughput_after_load"] = out["add_rate"] / out["offline_rate_after_load"] if after else None
     out["qps_during"] = len(inside) / (t1 - t0)
+    ib = res["idle_before"]
+    out["idle_cores"] = res["idle_server_cpu_s"] / (ib["start"][-1] + ib["ms"][-1] / 1000 - ib["start"][0]) \
+        if "idle_server_cpu_s" in res else None
     return out
 
 
@@ -292,10 +284,11 @@ INTRO = f"""\
 Served: `ltd serve --writable --no-ui`, a copy of a 1,000-image index (the Flickr8k test split, the benches'
 tiny model: bench/_models.py, EfficientNet-Lite0 at 224 px), the image runtime pinned to the one offline
 `ltd index` uses; the server embeds the uploads in its write embedder process (search/embed_process.py,
-nice +10), or with `--write-in-process` on its write thread (search/writes.py). Load: bench/api_load.py's
+nice +5 by default), or with `--write-in-process` on its write thread (search/writes.py). Load: bench/api_load.py's
 keep-alive client (bench/_load_client.py), text → image searches (k = 10) at concurrency 8, from a child
 process, idle before and after the add and all through it. Added: 1,000 Flickr8k val images (not in the
-index) over REST, {PER_REQUEST} per `POST /api/models/{{name}}/items`, one request at a time, after one
+index) over REST, {PER_REQUEST} per `POST /api/models/{{name}}/items`, one request at a time (unless a block says
+more are kept in flight), after one
 warm-up add of another image (a train image). Offline: `ltd index --images-dir` on the same images, same checkpoint,
 same `--runtime`, the server stopped."""
 
@@ -312,7 +305,8 @@ def mode(res: dict) -> str:
 def render(res: dict, s: dict) -> str:
     ok = lambda good: "yes" if good else "**no**"  # noqa: E731
     a, off = res["add"], res["offline"]
-    lines = [f"### `ltd serve --torch-threads {res['torch_threads']}{mode(res)}`", "",
+    in_flight = f", {res['in_flight']} add requests in flight" if res.get("in_flight", 1) > 1 else ""
+    lines = [f"### `ltd serve --torch-threads {res['torch_threads']}{mode(res)}`{in_flight}", "",
              f"Machine: {res['machine']}. Image runtime: {res.get('runtime', 'torch')}. "
              f"Date: {res['date']}. Command: `{nice_prefix(res)}{res['command']}` (1-minute "
              f"load {res['load1_start']:.1f} at the start, {res['load1_end']:.1f} at the end; compare "
@@ -345,6 +339,9 @@ def render(res: dict, s: dict) -> str:
                   f"{a['server_cpu_s']:.1f} s; {embedder} | | |",
                   f"| CPU of offline `ltd index` (the whole command) | {off['cpu_s']:.1f} s "
                   f"({1000 * off['cpu_s'] / max(1, off['images']):.1f} ms per image) | | |"]
+    if s.get("idle_cores") and not res.get("write_in_process"):
+        lines += [f"| the server process alone (its embedder left out), idle / during the add | {s['idle_cores']:.2f} / "
+                  f"{(a['server_cpu_s'] - a['embedder_cpu_s']) / a['wall_s']:.2f} cores | | |"]
     lines += ["",
               f"Idle p99 before / after the add: {s['idle_before']['p99_ms']:.1f} / {s['idle_after']['p99_ms']:.1f} ms; "
               f"max during the add {s['during']['max_ms']:.0f} ms."]
@@ -356,7 +353,8 @@ def section(res: dict, s: dict) -> str:
     cur = read_section(SECTION) or ""
     if "<!-- living_add:" not in cur:
         cur = f"{SECTION}\n\n{INTRO}\n"
-    key = f"living_add:torch-threads-{res['torch_threads']}" + ("-in-process" if res.get("write_in_process") else "")
+    key = f"living_add:torch-threads-{res['torch_threads']}" + ("-in-process" if res.get("write_in_process") else "") \
+        + (f"-in-flight-{res['in_flight']}" if res.get("in_flight", 1) > 1 else "")
     return replace_marked(cur, key, render(res, s))
 
 
@@ -373,16 +371,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--torch-threads", type=int, default=0, help="the server's (0: torch's default, one per core)")
     p.add_argument("--runtime", default="auto", choices=("auto", "torch", "onnxruntime", "openvino"),
                    help="the image runtime of the server and of offline `ltd index` (auto: resolved once, here)")
-    p.add_argument("--add-client-nice", type=int, default=0, metavar="N",
-                   help="upload the add from a thread at nice +N (an experiment: the searches' tail against when the "
-                        "uploads arrive; the blocks are written with 0)")
+    p.add_argument("--in-flight", type=int, default=1, metavar="N",
+                   help="add requests the uploader keeps in flight (the server runs them one at a time)")
     p.add_argument("--write-in-process", action="store_true", help="the server embeds writes on its write thread")
     p.add_argument("--tmp", default=None, help="folder for the run (default: the system temp)")
     p.add_argument("--keep", action="store_true", help="keep the run's folder")
     p.add_argument("--write", action="store_true")
     args = p.parse_args(argv)
-    if args.write and args.add_client_nice:
-        p.error("--add-client-nice is an experiment: its runs are not written as blocks")
+    if args.in_flight < 1:
+        p.error("--in-flight must be at least 1")
     args.argv = argv
     res = run(args)
     s = summarise(res)

@@ -59,25 +59,6 @@ def test_offline_time_is_read_from_the_model_load_line():
     assert living_add.after_model_load("no such line", now) is None
 
 
-def test_the_add_client_nice_is_its_threads_alone(monkeypatch):
-    """``--add-client-nice``: the uploads run on a thread of their own priority; the bench's main thread
-    (which starts the offline command after) keeps its own."""
-    import threading
-
-    seen = {}
-
-    def fake_add_all(base, model, files):
-        seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-        return {"wall_s": 1.0}
-
-    monkeypatch.setattr(living_add, "add_all", fake_add_all)
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    assert living_add.add_all_at(5, "http://127.0.0.1:1", "ltd", []) == {"wall_s": 1.0}
-    assert seen["nice"] == min(19, before + 5) and os.getpriority(os.PRIO_PROCESS, 0) == before
-    assert living_add.add_all_at(0, "http://127.0.0.1:1", "ltd", [])["wall_s"] == 1.0
-    assert seen["nice"] == before  # 0: on the calling thread
-
-
 def test_a_server_childs_cpu_is_counted_apart_from_the_server():
     import subprocess
     import sys
