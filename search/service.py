@@ -96,7 +96,7 @@ class SearchConfig(Section):
     compact_after: int = Field(10_000, ge=0)
     # How much lower the CPU priority of what embeds a write's images is (its child process, or the write
     # thread; nice +N, 0: as the searches'): an add then takes the CPU the searches leave (search/writes.py).
-    write_nice: int = Field(10, ge=0, le=19)
+    write_nice: int = Field(5, ge=0, le=19)
     # Whether a write's uploads are embedded on a thread of the server (else, the default, by a child process
     # per model: search/embed_process.py, whose decode and model share neither the searches' GIL nor their
     # runtime threads).

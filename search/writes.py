@@ -6,7 +6,7 @@ token that guards them is the API layer's business. Per model, writes are serial
 processes SQLite's own lock): two writers never lose an update. Each write is durable when it returns
 (indexer/items.py) and is applied to the served snapshot before it returns, so the next query sees it
 (read-your-writes). Uploads are checked (type, pixel budget) and embedded before the store's
-transaction, one write at a time, at a lower CPU priority (``write_nice``, nice +10 by default): on a
+transaction, one write at a time, at a lower CPU priority (``write_nice``, nice +5 by default): on a
 machine that searches already keep busy, an add takes the CPU the searches leave instead of the
 searches' latency. By default (``write_in_process`` off) the uploads are decoded, embedded and stored
 (their files written and fsynced) by a child process per model (search/embed_process.py: its own GIL and
