@@ -11,8 +11,9 @@ machine that searches already keep busy, an add takes the CPU the searches leave
 searches' latency. By default (``write_in_process`` off) the uploads are decoded, embedded and stored
 (their files written and fsynced) by a child process per model (search/embed_process.py: its own GIL and
 runtime threads, all of them niced); else on a thread of the server's own (the threads torch starts
-from it inherit its priority, the image runtime's pool does not). A server-side folder is read only inside the operator's ingest roots
-(``--ingest-root``); its images, and an edit's captions, are embedded on that thread.
+from it inherit its priority, the image runtime's pool does not). A server-side folder is read only
+inside the operator's ingest roots (``--ingest-root``); its images, and an edit's captions, are
+embedded on that thread.
 """
 from __future__ import annotations
 
