@@ -118,6 +118,19 @@ def children_cpu_seconds(pid: int) -> float:
     return cpu_seconds(pid) - cpu_seconds_of(pid)
 
 
+def children_priority(pid: int) -> str:
+    """The nice values and scheduling policies of the threads of a process's live child processes (a
+    server's write embedders), from /proc (Linux): "nice 5, batch"; "none" without children."""
+    policies, seen = {0: "normal", 3: "batch", 5: "idle"}, set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(OSError):
+                for thread in Path(f"/proc/{child}/task").iterdir():
+                    fields = (thread / "stat").read_text().rsplit(")", 1)[1].split()
+                    seen.add((int(fields[16]), policies.get(int(fields[38]), fields[38])))  # nice, policy
+    return "; ".join(f"nice {nice}, {policy}" for nice, policy in sorted(seen)) or "none"
+
+
 def waited_children_cpu_seconds() -> float:
     """User + system CPU of this process's waited-for children (and theirs): what its commands used."""
     r = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -240,6 +240,7 @@ def run(args) -> dict:
         cpu0 = _server.cpu_seconds(srv.pid), _server.children_cpu_seconds(srv.pid)
         add = add_all(base, "ltd", files, args.in_flight)
         cpu1 = _server.cpu_seconds(srv.pid), _server.children_cpu_seconds(srv.pid)
+        res["embedder_priority"] = _server.children_priority(srv.pid)
         res["during"] = during.finish()
         after = Load(tmp, "idle_after", {**spec, "seed": 3, "limit": args.idle})
         res["idle_after"] = after.proc.wait(timeout=600) == 0 and json.loads(after.out.read_text())
@@ -298,6 +299,11 @@ def nice_prefix(res: dict) -> str:
     return f"nice -n {res['nice']} " if res.get("nice") else ""
 
 
+def priority(res: dict) -> str:
+    """What the write embedder ran at, where the record says (those before 2026-12-07 do not)."""
+    return f" Write embedder: {res['embedder_priority']}." if res.get("embedder_priority") else ""
+
+
 def mode(res: dict) -> str:
     return " --write-in-process" if res.get("write_in_process") else ""
 
@@ -311,7 +317,7 @@ def render(res: dict, s: dict) -> str:
              f"Date: {res['date']}. Command: `{nice_prefix(res)}{res['command']}` (1-minute "
              f"load {res['load1_start']:.1f} at the start, {res['load1_end']:.1f} at the end; compare "
              f"the ratios, measured in the same run). Index: {res['base_images']:,} images; "
-             f"load at concurrency {res['concurrency']}.", "",
+             f"load at concurrency {res['concurrency']}." + priority(res), "",
              "| what | value | target | met |", "|---|---:|---:|:-:|",
              f"| search p50 / p99, idle (before and after the add: {s['idle']['requests']:,} requests) | "
              f"{s['idle']['p50_ms']:.1f} / {s['idle']['p99_ms']:.1f} ms | | |",

@@ -3,8 +3,9 @@
 Why a process: an add's decode and model run inside the server share the server's GIL and its image
 runtime's worker threads (OpenVINO's and ONNX Runtime's pools are the process's, started at full
 priority by the warm-up, so a niced writing thread does not lower them). A child process at nice
-+``nice`` has its own GIL and its own pools, every thread of it at that priority, and a crash of the
-model's native code costs one write (503) instead of the server. What it does to the searches' latency
++``nice`` has its own GIL and its own pools, every thread of it at that priority and under the batch
+scheduling policy (``run_in_background``), and a crash of the model's native code costs one write
+(503) instead of the server. What it does to the searches' latency
 during a bulk add, against the in-process thread: BENCHMARKS.md, "Adding images while serving".
 
 The child is a fresh interpreter (``python -c …`` given the pipe's descriptor: no inherited locks or threads,
@@ -81,6 +82,27 @@ def child_nice(lower_by: int) -> int:
     """The nice value ``lower_by`` above the server's (its main thread's: the searches' priority)."""
     base = os.getpriority(os.PRIO_PROCESS, os.getpid()) if hasattr(os, "getpriority") else 0
     return min(19, base + max(0, lower_by))
+
+
+def run_in_background(nice: int) -> None:
+    """Lower the calling thread's CPU priority, and so that of every thread it starts from then on: its
+    nice value raised to ``nice`` (0–19; never lowered), and on Linux the SCHED_BATCH policy — the
+    scheduler then treats it as CPU-bound: its wake-ups do not preempt a running search, and its slices
+    are longer (fewer switches). No privilege is needed for either; where one is refused or missing, the
+    thread keeps what it had. What the policy buys (the same nice, more images a second, the searches'
+    tail no longer): BENCHMARKS.md, "Adding images while serving"."""
+    tid = threading.get_native_id()
+    if hasattr(os, "setpriority"):
+        try:
+            if nice > os.getpriority(os.PRIO_PROCESS, tid):
+                os.setpriority(os.PRIO_PROCESS, tid, min(19, nice))
+        except OSError as e:
+            log.warning("could not lower the write path's priority: %s", e)
+    if hasattr(os, "SCHED_BATCH"):
+        try:
+            os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
+        except OSError as e:
+            log.warning("could not give the write path the batch scheduling policy: %s", e)
 
 
 class ProcessEmbedder:
@@ -235,11 +257,7 @@ def child_main(conn) -> None:
         spec = EmbedderSpec(**json.loads(conn.recv_bytes(_HEAD)))
     except (EOFError, OSError):
         return
-    if hasattr(os, "nice") and spec.nice > os.nice(0):
-        try:
-            os.nice(spec.nice - os.nice(0))
-        except OSError:
-            pass
+    run_in_background(spec.nice)
     try:
         model, decoder = _load(spec)
     except Exception as e:  # noqa: BLE001 - said to the parent, which fails the write

@@ -95,7 +95,8 @@ class SearchConfig(Section):
     writable: bool = False
     compact_after: int = Field(10_000, ge=0)
     # How much lower the CPU priority of what embeds a write's images is (its child process, or the write
-    # thread; nice +N, 0: as the searches'): an add then takes the CPU the searches leave (search/writes.py).
+    # thread; nice +N, 0: as the searches'; batch-scheduled on Linux whatever N): an add then takes the CPU
+    # the searches leave (search/writes.py, search/embed_process.py ``run_in_background``).
     write_nice: int = Field(5, ge=0, le=19)
     # Whether a write's uploads are embedded on a thread of the server (else, the default, by a child process
     # per model: search/embed_process.py, whose decode and model share neither the searches' GIL nor their

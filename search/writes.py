@@ -6,19 +6,19 @@ token that guards them is the API layer's business. Per model, writes are serial
 processes SQLite's own lock): two writers never lose an update. Each write is durable when it returns
 (indexer/items.py) and is applied to the served snapshot before it returns, so the next query sees it
 (read-your-writes). Uploads are checked (type, pixel budget) and embedded before the store's
-transaction, one write at a time, at a lower CPU priority (``write_nice``, nice +5 by default): on a
-machine that searches already keep busy, an add takes the CPU the searches leave instead of the
-searches' latency. By default (``write_in_process`` off) the uploads are decoded, embedded and stored
-(their files written and fsynced) by a child process per model (search/embed_process.py: its own GIL and
-runtime threads, all of them niced); else on a thread of the server's own (the threads torch starts
-from it inherit its priority, the image runtime's pool does not). A server-side folder is read only
-inside the operator's ingest roots (``--ingest-root``); its images, and an edit's captions, are
+transaction, one write at a time, at a lower CPU priority (``write_nice``, nice +5 by default, and the
+batch scheduling policy: ``run_in_background``): on a machine that searches already keep busy, an add
+takes the CPU the searches leave instead of the searches' latency. By default (``write_in_process``
+off) the uploads are decoded, embedded and stored (their files written and fsynced) by a child process
+per model (search/embed_process.py: its own GIL and runtime threads, all of them in the background);
+else on a thread of the server's own (the threads torch starts from it inherit its priority, the image
+runtime's pool does not). A server-side folder is read only inside the operator's ingest roots
+(``--ingest-root``); its images, and an edit's captions, are
 embedded on that thread.
 """
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +33,7 @@ from indexer.corpus import image_files
 from indexer.embed import embed_captions
 from indexer.ingest import ItemInput, prepare
 from indexer.items import NewImage
-from search.embed_process import EmbedderSpec, ProcessEmbedder, child_nice, embed_images, save_upload
+from search.embed_process import EmbedderSpec, ProcessEmbedder, child_nice, embed_images, run_in_background, save_upload
 from search.errors import BadRequest, Conflict, Forbidden, NotFound
 from search.filters import FIELD_NAME
 from search.registry import ModelEntry
@@ -95,7 +95,7 @@ class ItemWrites:
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._compacting: set[str] = set()
         self._embedder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ltd-writes",
-                                            initializer=_lower_priority, initargs=(nice,))
+                                            initializer=run_in_background, initargs=(child_nice(nice),))
         # with write_in_process, an add's uploaded files, written (each fsync waits on the disk) while the model runs
         self._files = ThreadPoolExecutor(max_workers=8, thread_name_prefix="ltd-write-files")
 
@@ -291,14 +291,3 @@ class ItemWrites:
 
         threading.Thread(target=run, name=f"ltd-compact-{name}", daemon=True).start()
         return {"compacting": True, "pending": e.live.store.pending()}
-
-
-def _lower_priority(nice: int) -> None:
-    """Raise this thread's nice value by ``nice`` (Linux: a thread's own; elsewhere, or refused: left as is)."""
-    if nice <= 0 or not hasattr(os, "setpriority"):
-        return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
-    except OSError as e:
-        log.warning("could not lower the write thread's priority: %s", e)

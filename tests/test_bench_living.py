@@ -78,6 +78,26 @@ def test_a_server_childs_cpu_is_counted_apart_from_the_server():
         child.wait()
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="reads Linux's /proc")
+def test_a_server_childs_nice_and_policy_are_read_from_proc():
+    import subprocess
+    import sys
+
+    from bench import _server
+
+    code = ("import os, sys, threading, time\nos.nice(3)\nos.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))\n"
+            "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\nprint('up', flush=True)\n"
+            "time.sleep(30)")
+    assert _server.children_priority(os.getpid()) == "none"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "up\n"
+        assert _server.children_priority(os.getpid()) == f"nice {os.nice(0) + 3}, batch"
+    finally:
+        child.kill()
+        child.wait()
+
+
 @pytest.mark.parametrize("in_process", [False, True])
 def test_a_block_says_its_mode_engine_and_the_cpu_each_side_used(in_process):
     t0 = 1000.0
@@ -88,9 +108,10 @@ def test_a_block_says_its_mode_engine_and_the_cpu_each_side_used(in_process):
            "offline": {"images": 100, "wall_s": 2.0, "after_load_s": None, "cpu_s": 3.0},
            "machine": "m", "date": "d", "command": "python bench/living_add.py", "nice": 0, "load1_start": 0.1,
            "load1_end": 0.2, "base_images": 100, "concurrency": 8, "torch_threads": 0, "runtime": "openvino",
-           "write_in_process": in_process}
+           "write_in_process": in_process, "embedder_priority": "none" if in_process else "nice 5, batch"}
     text = living_add.render(res, living_add.summarise(res))
     assert "Image runtime: openvino" in text
+    assert ("Write embedder: nice 5, batch." in text) is not in_process
     assert ("--write-in-process`" in text.splitlines()[0]) is in_process
     assert "| CPU of offline `ltd index` (the whole command) | 3.0 s (30.0 ms per image) |" in text
     assert ("in the server's" in text) is in_process

@@ -10,6 +10,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -21,7 +22,7 @@ from test_living_index import png
 
 from indexer.build import load_model
 from indexer.index import read_manifest
-from search.embed_process import EmbedderSpec, ProcessEmbedder, child_nice
+from search.embed_process import EmbedderSpec, ProcessEmbedder, child_nice, run_in_background
 from search.errors import BadRequest, NotReady, UnsupportedMediaType
 from search.media import UploadDecoder
 from search.registry import resolve_checkpoint
@@ -60,6 +61,46 @@ def test_the_child_gives_the_servers_vectors_at_a_lower_priority(embedder, check
     assert got.shape == want.shape and decoded == [1]
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert nice_of(embedder.pid) == min(19, os.nice(0) + 10)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="the batch scheduling policy is Linux's")
+def test_a_background_thread_is_niced_and_batch_and_so_are_the_threads_it_starts():
+    """``run_in_background``: the calling thread's nice raised (never lowered) and SCHED_BATCH, inherited by
+    the threads it starts (the image runtime's pool, in the child); the other threads keep theirs."""
+    seen = {}
+
+    def child():
+        tid = threading.get_native_id()
+        seen["child"] = (os.getpriority(os.PRIO_PROCESS, tid), os.sched_getscheduler(tid))
+
+    def background(nice):
+        tid = threading.get_native_id()
+        run_in_background(nice)
+        run_in_background(0)  # a lower value leaves the nice as it is
+        seen["self"] = (os.getpriority(os.PRIO_PROCESS, tid), os.sched_getscheduler(tid))
+        t = threading.Thread(target=child)
+        t.start()
+        t.join()
+
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    t = threading.Thread(target=background, args=(min(19, base + 3),))
+    t.start()
+    t.join()
+    assert seen["self"] == seen["child"] == (min(19, base + 3), os.SCHED_BATCH)
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER and os.getpriority(os.PRIO_PROCESS, 0) == base
+
+
+def test_a_refused_priority_change_leaves_the_thread_as_it_was(monkeypatch, caplog):
+    def refused(*a):
+        raise PermissionError("refused")
+
+    monkeypatch.setattr(os, "setpriority", refused, raising=False)
+    monkeypatch.setattr(os, "sched_setscheduler", refused, raising=False)
+    result = []
+    t = threading.Thread(target=lambda: result.append(run_in_background(19)))
+    t.start()
+    t.join()
+    assert result == [None] and "could not" in caplog.text
 
 
 def test_the_child_stores_the_uploads_it_embeds(embedder, tmp_path):

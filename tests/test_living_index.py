@@ -308,13 +308,16 @@ def nice_of(pid: int, tid: int | None = None) -> int:
 @LINUX_PROC
 def test_writes_embed_in_a_child_process_of_lower_priority(living):
     """By default the images of a write are embedded by a child process per model at nice +``write_nice``
-    over the searches' (search/embed_process.py): on a busy machine the add yields CPU to the searches,
-    and no thread of it shares the server's GIL."""
+    over the searches' and under the batch scheduling policy, every thread of it (search/embed_process.py):
+    on a busy machine the add yields CPU to the searches, and no thread of it shares the server's GIL."""
     c, _ = living
     add(c, [401])
     child = c.app.state.service.writes._processes["ltd"].pid
     assert child is not None and child != os.getpid()
     assert nice_of(child) == min(19, os.nice(0) + SearchConfig().write_nice)
+    threads = [int(t.name) for t in Path(f"/proc/{child}/task").iterdir()]  # the runtime's pool included
+    assert len(threads) > 1 and {os.sched_getscheduler(t) for t in threads} == {os.SCHED_BATCH}
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the server's own threads keep theirs
 
 
 def test_the_embedder_process_stores_the_uploads_not_the_server(living, monkeypatch):
@@ -344,7 +347,7 @@ def test_the_embedder_process_stores_the_uploads_not_the_server(living, monkeypa
 
 @LINUX_PROC
 def test_writes_embed_in_process_on_a_thread_of_lower_priority(tiny_index_pair, tmp_path):
-    """``write_in_process``: on the server's write thread instead, at the same nice."""
+    """``write_in_process``: on the server's write thread instead, at the same nice and policy."""
     index = shutil.copytree(tiny_index_pair["ltd"], tmp_path / "ltd")
     image_roots.record(index, read_manifest(index)["image_roots"])
     settings = pair_settings(tiny_index_pair, models={"ltd": str(index)}, writable=True, write_in_process=True)
@@ -354,6 +357,8 @@ def test_writes_embed_in_process_on_a_thread_of_lower_priority(tiny_index_pair, 
         writer = list(c.app.state.service.writes._embedder._threads)  # this server's write thread
         assert len(writer) == 1 and writer[0].name.startswith("ltd-writes")
         assert nice_of(os.getpid(), writer[0].native_id) == min(19, os.nice(0) + SearchConfig().write_nice)
+        assert os.sched_getscheduler(writer[0].native_id) == os.SCHED_BATCH
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
 
 
 @LINUX_PROC

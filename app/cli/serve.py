@@ -46,7 +46,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="take writes: add, edit and remove items of the served indexes (REST and UI); on a "
                         "non-loopback address they need LTD_WRITE_TOKEN (distinct from LTD_API_TOKEN)")
     p.add_argument("--write-nice", type=int, default=None, metavar="N",
-                   help="run the embedding of writes at nice +N, 0-19 (default 5): adds take the CPU searches leave")
+                   help="run the embedding of writes at nice +N, 0-19 (default 5), batch-scheduled on Linux: adds take "
+                        "the CPU searches leave")
     p.add_argument("--write-in-process", action="store_true", default=None,
                    help="embed the uploads of writes on a thread of the server (default: a child process per "
                         "model, outside the searches' interpreter; LTD_WRITE_IN_PROCESS=1)")
