@@ -178,6 +178,33 @@ class ProcessEmbedder:
         once all have decoded: the vectors, and ``save_upload``'s record of each upload, in order."""
         return self._request(uploads, min_side, Path(folder), on_decoded)
 
+    def embed_files(self, paths: list[Path], min_side: int, root: Path) -> tuple[np.ndarray, list[dict], dict[int, str]]:
+        """A server-side folder's image files (paths the server checked: inside an ingest root), read and
+        decoded by the child under the uploads' budgets: (vectors of the readable ones, in order; their
+        records ``{"sha256", "metadata"}``, the metadata relative to ``root``; {position: why skipped})."""
+        with self._lock:
+            self._ensure()
+            try:
+                self._conn.send_bytes(json.dumps({"n": 0, "min_side": int(min_side), "root": str(root),
+                                                  "paths": [str(p) for p in paths]}).encode())
+            except OSError:
+                self._died()
+            head = self._reply(self.timeout, want="decoded")
+            skipped = {int(k): str(v)[:500] for k, v in head.get("skipped", {}).items()}
+            n, dim = self._reply(self.timeout, want="shape")["shape"]
+            raw = self._recv(self.timeout, limit=4 * n * dim + 1)
+            if len(raw) != 4 * n * dim or n + len(skipped) != len(paths) or not set(skipped) <= set(range(len(paths))):
+                self._died("answered a torn frame")
+            try:
+                records = json.loads(self._recv(self.timeout, limit=_HEAD + n * _RECORD))
+                ok = isinstance(records, list) and len(records) == n and all(
+                    isinstance(r.get("metadata"), dict) and _SHA256.fullmatch(r["sha256"]) for r in records)
+            except (ValueError, TypeError, KeyError, AttributeError):
+                ok = False
+            if not ok:
+                self._died("answered records that are not its files'")
+            return np.frombuffer(raw, np.float32).reshape(n, dim).copy(), records, skipped
+
     def _request(self, uploads, min_side, folder, on_decoded) -> tuple[np.ndarray, list[dict]]:
         with self._lock:
             self._ensure()
@@ -271,8 +298,11 @@ def child_main(conn) -> None:
             uploads = [conn.recv_bytes(spec.max_upload_bytes + 1) for _ in range(int(head["n"]))]
         except (EOFError, OSError):
             return  # the server closed the pipe, or died
-        folder = head.get("folder")
-        _answer(conn, model, decoder, uploads, int(head["min_side"]), Path(folder) if folder else None, files)
+        folder, min_side = head.get("folder"), int(head["min_side"])
+        if "paths" in head:
+            _answer_files(conn, model, decoder, head["paths"], min_side, Path(head["root"]), spec.max_upload_bytes)
+        else:
+            _answer(conn, model, decoder, uploads, min_side, Path(folder) if folder else None, files)
 
 
 def _load(spec: EmbedderSpec):
@@ -324,6 +354,32 @@ def _answer(conn, model, decoder, uploads: list[bytes], min_side: int, folder: P
     conn.send_bytes(vectors.tobytes())
     if folder is not None:
         conn.send_bytes(json.dumps(records).encode())
+
+
+def _answer_files(conn, model, decoder, paths: list[str], min_side: int, root: Path, max_bytes: int) -> None:
+    """A folder's files: each read (at most ``max_bytes``) and decoded as an upload would be, or skipped
+    with why; then the readable ones' vectors and records."""
+    images, records, skipped = [], [], {}
+    for k, path in enumerate(map(Path, paths)):
+        try:
+            with path.open("rb") as f:
+                data = f.read(max_bytes + 1)
+            if len(data) > max_bytes:
+                raise BadRequest(f"larger than the upload limit ({max_bytes:,} bytes)")
+            images.append(decoder.decode(data, min_side))
+            records.append({"sha256": sha256_bytes(data), "metadata": file_metadata(path, root)})
+        except Exception as e:  # noqa: BLE001 - an unreadable file is skipped, as `ltd index` skips it
+            skipped[k] = (e.detail if isinstance(e, SearchError) else f"{type(e).__name__}: {e}")[:300]
+            log.warning("skipped %s: %s", path.name, skipped[k])
+    _send(conn, {"decoded": len(images), "skipped": skipped})
+    try:
+        vectors = embed_images(model, images) if images else np.zeros((0, model.image.embed_dim), np.float32)
+    except Exception as e:  # noqa: BLE001 - said to the parent; the child keeps serving
+        _send(conn, {"error": "internal", "detail": f"{type(e).__name__}: {e}"})
+        return
+    _send(conn, {"shape": list(vectors.shape)})
+    conn.send_bytes(vectors.tobytes())
+    conn.send_bytes(json.dumps(records).encode())
 
 
 def _send(conn, head: dict) -> None:

@@ -29,14 +29,7 @@ import torch
 from indexer.build import load_model
 from indexer.evaluate import load_report
 from indexer.image_roots import allowed_roots
-from indexer.index import (
-    IndexDir,
-    IndexDirError,
-    load_index_dir,
-    read_manifest,
-    relative_to_index,
-    resolve_checkpoint,
-)
+from indexer.index import IndexDir, IndexDirError, load_index_dir, read_manifest, relative_to_index, resolve_checkpoint
 from indexer.shards_index import is_sharded
 from search.errors import NotFound, NotReady, redact_paths
 from search.filters import MetadataTable
@@ -117,12 +110,14 @@ class EntryOptions:
     """How :func:`load_entry` finds, checks and serves a model's files: the ``checkpoint`` (None: the manifest's;
     given when it moved), ``verify`` (``hash`` or ``counts``: how the index files are checked against the manifest),
     the ``images_roots`` image files may be served from (none: the record ``ltd index`` made), ``writable`` (the item
-    store is created, writes allowed), the engine ``shards`` of a sharded index (search/sharded.py; None: local)."""
+    store is created, writes allowed; images are served from its ``ingest_roots`` too), the engine ``shards`` of a
+    sharded index (search/sharded.py; None: local)."""
 
     checkpoint: Path | None = None
     verify: str = "hash"
     images_roots: tuple[str, ...] = ()
     writable: bool = False
+    ingest_roots: tuple[str, ...] = ()
     shards: Callable | None = None
 
 
@@ -146,7 +141,8 @@ def load_entry(name: str, path: Path, options: EntryOptions | None = None, *,
         ix = load_sharded(path, engine=o.shards or LocalShards, checkpoint_sha256=sha, verify=o.verify)
     else:
         ix = load_index_dir(path, checkpoint_sha256=sha, verify=o.verify, mmap=True)  # IVF lists mapped, not read
-    ix.confine(allowed_roots(path, ix.image_roots, o.images_roots))  # not wider than the operator allowed
+    ingested = tuple(Path(r).resolve() for r in o.ingest_roots if o.writable)  # where folder adds' files are
+    ix.confine(allowed_roots(path, ix.image_roots, o.images_roots) + ingested)  # not wider than the operator allowed
     if model is None:
         lm = load_model(ckpt)
         model = lm.model
@@ -187,7 +183,7 @@ class ModelRegistry:
 
     def __init__(self, models: dict[str, str | Path], *, checkpoints: dict[str, str | Path] | None = None,
                  verify: str = "hash", on_loaded: Callable[[ModelEntry], None] | None = None,
-                 images_roots: tuple[str, ...] = (), writable: bool = False):
+                 images_roots: tuple[str, ...] = (), writable: bool = False, ingest_roots: tuple[str, ...] = ()):
         if not models:
             raise UserValueError("no models given: pass at least one NAME=INDEX_DIR")
         self.specs = {n: Path(p) for n, p in models.items()}
@@ -195,6 +191,7 @@ class ModelRegistry:
         self.verify, self.on_loaded = verify, on_loaded
         self.images_roots = tuple(images_roots)  # the operator's --images-root folders (none: the record)
         self.writable = writable  # item stores are created, and writes allowed (`ltd serve --writable`)
+        self.ingest_roots = tuple(ingest_roots)  # the folders writes may add (`--ingest-root`): served too
         self.shard_engine = None  # what searches sharded indexes' shards (None: this process; `--engine ray`)
         self._first: list[Callable[[], None]] = []  # see load_with_models
         self._entries: dict[str, ModelEntry] = {}  # as loaded; ``entries`` binds them to their snapshots
@@ -252,7 +249,8 @@ class ModelRegistry:
 
     def _load_one(self, name: str, model: DualEncoder | None = None) -> ModelEntry:
         options = EntryOptions(checkpoint=self.checkpoints.get(name), verify=self.verify,
-                               images_roots=self.images_roots, writable=self.writable, shards=self.shard_engine)
+                               images_roots=self.images_roots, writable=self.writable,
+                               ingest_roots=self.ingest_roots, shards=self.shard_engine)
         return load_entry(name, self.specs[name], options, model=model)
 
     @property

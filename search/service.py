@@ -137,7 +137,8 @@ class SearchService(QueryMixin):
                                     runtime=config.text_runtime, runtime_threads=config.text_runtime_threads)
         self.registry = ModelRegistry(models, checkpoints=checkpoints, verify=config.verify_index,
                                       on_loaded=self._loaded,
-                                      images_roots=tuple(config.images_roots), writable=config.writable)
+                                      images_roots=tuple(config.images_roots), writable=config.writable,
+                                      ingest_roots=tuple(config.ingest_roots))
         self.masks = MaskCache()
         self.writes = ItemWrites(self, ingest_roots=tuple(config.ingest_roots), compact_after=config.compact_after,
                                    nice=config.write_nice, in_process=config.write_in_process)

@@ -13,11 +13,12 @@ off) the uploads are decoded, embedded and stored (their files written and fsync
 per model (search/embed_process.py: its own GIL and runtime threads, all of them in the background);
 else on a thread of the server's own (the threads torch starts from it inherit its priority, the image
 runtime's pool does not). A server-side folder is read only inside the operator's ingest roots
-(``--ingest-root``); its images, and an edit's captions, are
-embedded on that thread.
+(``--ingest-root``); its images are read and embedded where an upload's are (the child, unless
+``write_in_process``), an edit's captions on the write thread.
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections import defaultdict
@@ -196,11 +197,35 @@ class ItemWrites:
             raise NotFound("no such folder under the server's ingest roots")
         e = self._entry(name)
         files = [p for p in image_files(target) if p.resolve().is_relative_to(root)]
-        rows, failed = self._embedding(prepare, e.model, e.live.store, [ItemInput(path=p, metadata=dict(md)) for p in files],
-                                       root=root)
+        if self.in_process:
+            rows, failed = self._embedding(prepare, e.model, e.live.store, [ItemInput(path=p, metadata=dict(md)) for p in files],
+                                           root=root)
+        else:
+            rows, failed = self._embedding(self._embed_folder, e, files, root, md)
         _, (seq, ids) = self._commit(name, lambda entry: entry.live.store.add(rows))
         return [{"id": i, "added": added} for i, added in ids] + \
             [{"file": files[k].name, "skipped": why} for k, why in sorted(failed.items())]
+
+    def _embed_folder(self, e: ModelEntry, files: list[Path], root: Path, md: dict) -> tuple[list[NewImage], dict[int, str]]:
+        """A folder's files embedded by the model's write embedder process, a request of at most
+        ``max_items_per_add`` files (and about 16 KiB of paths) at a time: (rows, {position: why skipped})."""
+        backbone = e.model.image.backbone
+        if backbone is None:
+            raise BadRequest(f"model {e.name} has no image backbone: it cannot embed new images")
+        rows, failed, chunk, start = [], {}, [], 0
+        for k, path in enumerate([*files, None]):
+            size = len(json.dumps([str(p) for p in chunk]))  # the request's header must stay under the pipe's 64 KiB
+            if chunk and (path is None or len(chunk) == self.svc.config.max_items_per_add or size > 1 << 14):
+                vectors, records, skipped = self._process_for(e).embed_files(chunk, 2 * backbone.preprocess.resize, root)
+                readable = [j for j in range(len(chunk)) if j not in skipped]
+                failed.update({start + j: why for j, why in skipped.items()})
+                for j, v, rec in zip(readable, vectors, records):
+                    rows.append(NewImage(vector=v, sha256=rec["sha256"], path=str(chunk[j].resolve()), filename=chunk[j].name,
+                                         metadata={**rec["metadata"], **md}, captions=[]))
+                chunk, start = [], k
+            if path is not None:
+                chunk.append(path)
+        return rows, failed
 
     # ---- removing and editing -------------------------------------------------------------------
     def remove(self, name: str, image_id: int) -> dict:
