@@ -285,7 +285,8 @@ INTRO = f"""\
 Served: `ltd serve --writable --no-ui`, a copy of a 1,000-image index (the Flickr8k test split, the benches'
 tiny model: bench/_models.py, EfficientNet-Lite0 at 224 px), the image runtime pinned to the one offline
 `ltd index` uses; the server embeds the uploads in its write embedder process (search/embed_process.py,
-nice +5 by default), or with `--write-in-process` on its write thread (search/writes.py). Load: bench/api_load.py's
+nice +5 and batch-scheduled by default), or with `--write-in-process` on its write thread (search/writes.py).
+Load: bench/api_load.py's
 keep-alive client (bench/_load_client.py), text → image searches (k = 10) at concurrency 8, from a child
 process, idle before and after the add and all through it. Added: 1,000 Flickr8k val images (not in the
 index) over REST, {PER_REQUEST} per `POST /api/models/{{name}}/items`, one request at a time (unless a block says
@@ -301,7 +302,7 @@ def nice_prefix(res: dict) -> str:
 
 def priority(res: dict) -> str:
     """What the write embedder ran at, where the record says (those before 2026-12-07 do not)."""
-    return f" Write embedder: {res['embedder_priority']}." if res.get("embedder_priority") else ""
+    return f" Write embedder: {res['embedder_priority']}." if res.get("embedder_priority") not in (None, "none") else ""
 
 
 def mode(res: dict) -> str:
