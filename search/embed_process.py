@@ -58,6 +58,7 @@ _ERRORS = {c.__name__: c for c in (BadRequest, Busy, Unsupported, UnsupportedMed
 _HEAD = 1 << 16  # bytes: the largest JSON header either side sends
 _RECORD = 1 << 13  # bytes: the most one stored upload's record (save_upload) may take in the answer
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_WHY = 300  # characters: the most of why a folder's file was skipped that is sent (and answered)
 _ROOT = Path(__file__).resolve().parent.parent  # the folder of the ``search`` package
 _CHILD = (
     "import sys; from multiprocessing.connection import Connection; "
@@ -190,20 +191,14 @@ class ProcessEmbedder:
             except OSError:
                 self._died()
             head = self._reply(self.timeout, want="decoded")
-            skipped = {int(k): str(v)[:500] for k, v in head.get("skipped", {}).items()}
-            n, dim = self._reply(self.timeout, want="shape")["shape"]
-            raw = self._recv(self.timeout, limit=4 * n * dim + 1)
-            if len(raw) != 4 * n * dim or n + len(skipped) != len(paths) or not set(skipped) <= set(range(len(paths))):
-                self._died("answered a torn frame")
             try:
-                records = json.loads(self._recv(self.timeout, limit=_HEAD + n * _RECORD))
-                ok = isinstance(records, list) and len(records) == n and all(
-                    isinstance(r.get("metadata"), dict) and _SHA256.fullmatch(r["sha256"]) for r in records)
-            except (ValueError, TypeError, KeyError, AttributeError):
-                ok = False
-            if not ok:
-                self._died("answered records that are not its files'")
-            return np.frombuffer(raw, np.float32).reshape(n, dim).copy(), records, skipped
+                skipped = {int(k): str(v)[:_WHY] for k, v in head.get("skipped", {}).items()}
+            except (AttributeError, TypeError, ValueError):
+                skipped = None
+            if skipped is None or not set(skipped) <= set(range(len(paths))):
+                self._died("answered skipped files that are not its paths")
+            vectors = self._vectors(len(paths) - len(skipped))
+            return vectors, self._records(len(vectors), "files'"), skipped
 
     def _request(self, uploads, min_side, folder, on_decoded) -> tuple[np.ndarray, list[dict]]:
         with self._lock:
@@ -222,28 +217,36 @@ class ProcessEmbedder:
                     on_decoded()
             except Exception as e:  # noqa: BLE001 - raised once the child's answer is read off the pipe
                 failed = e
-            head = self._reply(self.timeout, want="shape")
-            n, dim = head["shape"]
-            raw = self._recv(self.timeout, limit=4 * n * dim + 1)
-            if len(raw) != 4 * n * dim or n != len(uploads):
-                self._died("answered a torn frame")
-            stored = [] if folder is None else self._stored(folder, n)
+            vectors = self._vectors(len(uploads))
+            stored = [] if folder is None else self._records(len(uploads), "stored uploads", lambda r: (
+                Path(r["path"]).parent == folder / r["sha256"][:2] and Path(r["path"]).stem == r["sha256"]))
             if failed is not None:
                 raise failed
-            return np.frombuffer(raw, np.float32).reshape(n, dim).copy(), stored
+            return vectors, stored
 
-    def _stored(self, folder: Path, n: int) -> list[dict]:
-        """The child's records of the ``n`` uploads it stored, each a file of ``folder`` named by its sha256."""
+    def _vectors(self, n: int) -> np.ndarray:
+        """The child's "shape" header and the float32 frame after it, which must hold ``n`` vectors."""
+        shape = self._reply(self.timeout, want="shape")["shape"]
+        if not (isinstance(shape, list) and len(shape) == 2 and shape[0] == n
+                and all(isinstance(d, int) and d >= 0 for d in shape)):
+            self._died(f"answered the shape {shape!r} for {n} images")
+        raw = self._recv(self.timeout, limit=4 * shape[0] * shape[1] + 1)
+        if len(raw) != 4 * shape[0] * shape[1]:
+            self._died("answered a torn frame")
+        return np.frombuffer(raw, np.float32).reshape(shape).copy()
+
+    def _records(self, n: int, what: str, path_ok: Callable[[dict], bool] | None = None) -> list[dict]:
+        """The child's JSON list of ``n`` records, each ``{"sha256", "metadata", ...}`` that ``path_ok``
+        accepts (when given): a wrong one means the child is not answering this request."""
         try:
             records = json.loads(self._recv(self.timeout, limit=_HEAD + n * _RECORD))
             ok = isinstance(records, list) and len(records) == n and all(
                 isinstance(r.get("metadata"), dict) and _SHA256.fullmatch(r["sha256"])
-                and Path(r["path"]).parent == folder / r["sha256"][:2] and Path(r["path"]).stem == r["sha256"]
-                for r in records)
+                and (path_ok is None or path_ok(r)) for r in records)
         except (ValueError, TypeError, KeyError, AttributeError):
             ok = False
         if not ok:
-            self._died("answered records that are not its stored uploads")
+            self._died(f"answered records that are not its {what}")
         return records
 
     def _recv(self, timeout: float, limit: int = _HEAD) -> bytes:
@@ -369,7 +372,7 @@ def _answer_files(conn, model, decoder, paths: list[str], min_side: int, root: P
             images.append(decoder.decode(data, min_side))
             records.append({"sha256": sha256_bytes(data), "metadata": file_metadata(path, root)})
         except Exception as e:  # noqa: BLE001 - an unreadable file is skipped, as `ltd index` skips it
-            skipped[k] = (e.detail if isinstance(e, SearchError) else f"{type(e).__name__}: {e}")[:300]
+            skipped[k] = (e.detail if isinstance(e, SearchError) else f"{type(e).__name__}: {e}")[:_WHY]
             log.warning("skipped %s: %s", path.name, skipped[k])
     _send(conn, {"decoded": len(images), "skipped": skipped})
     try:

@@ -5,6 +5,7 @@ dies — killed mid-write, or orphaned by its server — never leaves a write ha
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
 import signal
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from multiprocessing import Pipe
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
@@ -147,6 +149,56 @@ def test_a_child_killed_mid_write_fails_that_write_with_503_and_the_next_write_s
     with pytest.raises(NotReady):  # killed between decoding and answering with the vectors
         embedder.embed([png(s) for s in range(32)], 128, on_decoded=lambda: os.kill(old, signal.SIGKILL))
     assert embedder.embed([png(5)], 128).shape[0] == 1 and embedder.pid != old
+
+
+def _frames(*frames):
+    return [f if isinstance(f, bytes) else json.dumps(f).encode() for f in frames]
+
+
+_SHA = "ab" * 32
+_BAD_ANSWERS = {
+    "a shape for other images": ("embed", _frames({"decoded": 1}, {"shape": [2, 4]}, b"\0" * 32)),
+    "a shape that is not one": ("embed", _frames({"decoded": 1}, {"shape": "1x4"})),
+    "a negative shape": ("embed", _frames({"decoded": 1}, {"shape": [1, -4]})),
+    "a torn frame": ("embed", _frames({"decoded": 1}, {"shape": [1, 4]}, b"\0" * 15)),
+    "a stored record outside the folder": ("store", _frames(
+        {"decoded": 1}, {"shape": [1, 4]}, b"\0" * 16,
+        [{"sha256": _SHA, "path": f"/elsewhere/ab/{_SHA}.png", "metadata": {}}])),
+    "a record that is not a file's": ("files", _frames(
+        {"decoded": 1, "skipped": {}}, {"shape": [1, 4]}, b"\0" * 16, [{"sha256": "no", "metadata": {}}])),
+    "skipped files that are not its paths": ("files", _frames({"decoded": 0, "skipped": {"5": "why"}})),
+    "skipped files that are not a mapping": ("files", _frames({"decoded": 0, "skipped": ["why"]})),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_ANSWERS))
+def test_a_child_answering_what_was_not_asked_is_stopped_and_the_write_fails_with_503(case, tmp_path):
+    """The parent checks every frame the child sends against its request: a child that answers another
+    request's frame (or a broken one) is killed, the write is 503, and nothing it said is used."""
+    call, frames = _BAD_ANSWERS[case]
+    ours, theirs = Pipe()
+    proc = ProcessEmbedder(EmbedderSpec(checkpoint="unused", sha256="0" * 64), timeout=10)
+    proc._proc, proc._conn = subprocess.Popen(["sleep", "60"]), ours
+    fake = proc._proc
+
+    def child():
+        head = json.loads(theirs.recv_bytes())
+        for _ in range(head["n"]):
+            theirs.recv_bytes()
+        for frame in frames:
+            theirs.send_bytes(frame)
+
+    t = threading.Thread(target=child)
+    t.start()
+    with pytest.raises(NotReady):
+        if call == "files":
+            proc.embed_files([tmp_path / "a.png"], 128, tmp_path)
+        elif call == "store":
+            proc.embed_and_store([png(1)], 128, tmp_path)
+        else:
+            proc.embed([png(1)], 128)
+    t.join(10)
+    assert fake.wait(5) == -signal.SIGKILL and proc.pid is None
 
 
 def test_a_checkpoint_changed_since_the_server_checked_it_is_refused(checkpoint):
