@@ -323,6 +323,8 @@ def _load(spec: EmbedderSpec):
 def embed_images(model, images: list) -> np.ndarray:
     """(n, E) float32 embeddings of decoded images through ``model``'s image tower (the child's, and the
     write thread's with ``write_in_process``)."""
+    if not images:
+        return np.zeros((0, model.image.embed_dim), np.float32)
     with torch.inference_mode():
         x = model.image.prepare(images).to(model.device)
         return np.ascontiguousarray(model.image(x).float().cpu().numpy(), np.float32)
@@ -359,9 +361,9 @@ def _answer(conn, model, decoder, uploads: list[bytes], min_side: int, folder: P
         conn.send_bytes(json.dumps(records).encode())
 
 
-def _answer_files(conn, model, decoder, paths: list[str], min_side: int, root: Path, max_bytes: int) -> None:
-    """A folder's files: each read (at most ``max_bytes``) and decoded as an upload would be, or skipped
-    with why; then the readable ones' vectors and records."""
+def read_image_files(decoder, paths: list[Path], min_side: int, root: Path, max_bytes: int) -> tuple[list, list[dict], dict[int, str]]:
+    """A folder's files, each read (at most ``max_bytes``) and decoded as an upload would be, or skipped
+    with why: (decoded images, their records ``{"sha256", "metadata"}``, {position: why skipped})."""
     images, records, skipped = [], [], {}
     for k, path in enumerate(map(Path, paths)):
         try:
@@ -374,9 +376,14 @@ def _answer_files(conn, model, decoder, paths: list[str], min_side: int, root: P
         except Exception as e:  # noqa: BLE001 - an unreadable file is skipped, as `ltd index` skips it
             skipped[k] = (e.detail if isinstance(e, SearchError) else f"{type(e).__name__}: {e}")[:_WHY]
             log.warning("skipped %s: %s", path.name, skipped[k])
+    return images, records, skipped
+
+
+def _answer_files(conn, model, decoder, paths: list[str], min_side: int, root: Path, max_bytes: int) -> None:
+    images, records, skipped = read_image_files(decoder, paths, min_side, root, max_bytes)
     _send(conn, {"decoded": len(images), "skipped": skipped})
     try:
-        vectors = embed_images(model, images) if images else np.zeros((0, model.image.embed_dim), np.float32)
+        vectors = embed_images(model, images)
     except Exception as e:  # noqa: BLE001 - said to the parent; the child keeps serving
         _send(conn, {"error": "internal", "detail": f"{type(e).__name__}: {e}"})
         return

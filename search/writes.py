@@ -32,9 +32,16 @@ import numpy as np
 from indexer import compact
 from indexer.corpus import image_files
 from indexer.embed import embed_captions
-from indexer.ingest import ItemInput, prepare
 from indexer.items import NewImage
-from search.embed_process import EmbedderSpec, ProcessEmbedder, child_nice, embed_images, run_in_background, save_upload
+from search.embed_process import (
+    EmbedderSpec,
+    ProcessEmbedder,
+    child_nice,
+    embed_images,
+    read_image_files,
+    run_in_background,
+    save_upload,
+)
 from search.errors import BadRequest, Conflict, Forbidden, NotFound
 from search.filters import FIELD_NAME
 from search.registry import ModelEntry
@@ -197,18 +204,15 @@ class ItemWrites:
             raise NotFound("no such folder under the server's ingest roots")
         e = self._entry(name)
         files = [p for p in image_files(target) if p.resolve().is_relative_to(root)]
-        if self.in_process:
-            rows, failed = self._embedding(prepare, e.model, e.live.store, [ItemInput(path=p, metadata=dict(md)) for p in files],
-                                           root=root)
-        else:
-            rows, failed = self._embedding(self._embed_folder, e, files, root, md)
+        rows, failed = self._embedding(self._embed_folder, e, files, root, md)
         _, (seq, ids) = self._commit(name, lambda entry: entry.live.store.add(rows))
         return [{"id": i, "added": added} for i, added in ids] + \
             [{"file": files[k].name, "skipped": why} for k, why in sorted(failed.items())]
 
     def _embed_folder(self, e: ModelEntry, files: list[Path], root: Path, md: dict) -> tuple[list[NewImage], dict[int, str]]:
-        """A folder's files embedded by the model's write embedder process, a request of at most
-        ``max_items_per_add`` files (and about 16 KiB of paths) at a time: (rows, {position: why skipped})."""
+        """A folder's files read, decoded under the uploads' budgets and embedded by the model's write
+        embedder process (or this thread, ``write_in_process``), at most ``max_items_per_add`` files (and
+        about 16 KiB of paths) at a time: (rows, {position: why skipped})."""
         backbone = e.model.image.backbone
         if backbone is None:
             raise BadRequest(f"model {e.name} has no image backbone: it cannot embed new images")
@@ -216,7 +220,7 @@ class ItemWrites:
         for k, path in enumerate([*files, None]):
             size = len(json.dumps([str(p) for p in chunk]))  # the request's header must stay under the pipe's 64 KiB
             if chunk and (path is None or len(chunk) == self.svc.config.max_items_per_add or size > 1 << 14):
-                vectors, records, skipped = self._process_for(e).embed_files(chunk, 2 * backbone.preprocess.resize, root)
+                vectors, records, skipped = self._embed_files(e, chunk, 2 * backbone.preprocess.resize, root)
                 readable = [j for j in range(len(chunk)) if j not in skipped]
                 failed.update({start + j: why for j, why in skipped.items()})
                 for j, v, rec in zip(readable, vectors, records):
@@ -226,6 +230,12 @@ class ItemWrites:
             if path is not None:
                 chunk.append(path)
         return rows, failed
+
+    def _embed_files(self, e: ModelEntry, paths: list[Path], min_side: int, root: Path):
+        if not self.in_process:
+            return self._process_for(e).embed_files(paths, min_side, root)
+        images, records, skipped = read_image_files(self.svc.uploads, paths, min_side, root, self.svc.config.max_upload_bytes)
+        return embed_images(e.model, images), records, skipped
 
     # ---- removing and editing -------------------------------------------------------------------
     def remove(self, name: str, image_id: int) -> dict:

@@ -3,12 +3,14 @@ it is the item an upload of the same bytes would be, and — by default — that
 reads and embeds its files, not the server (search/embed_process.py ``embed_files``)."""
 from __future__ import annotations
 
+import io
 import shutil
 
 import numpy as np
 import pytest
 from conftest import pair_settings
 from fastapi.testclient import TestClient
+from PIL import Image
 from test_living_index import png
 
 from app.api.main import create_app
@@ -50,7 +52,8 @@ def test_a_folder_adds_its_images_once_and_skips_what_is_not_one(tiny_index_pair
     if not in_process:  # the server itself reads and embeds none of the folder's files
         def refused(*a, **k):
             raise AssertionError("the server embedded a folder's file")
-        monkeypatch.setattr(writes, "prepare", refused)
+        monkeypatch.setattr(writes, "read_image_files", refused)
+        monkeypatch.setattr(writes, "embed_images", refused)
     with serve(tiny_index_pair, tmp_path, photos, write_in_process=in_process) as c:
         r = c.post("/api/models/ltd/items", json={"folder": "trip", "metadata": {"album": "summer"}})
         assert r.status_code == 201, r.text
@@ -73,6 +76,29 @@ def test_a_folder_adds_its_images_once_and_skips_what_is_not_one(tiny_index_pair
         assert [it.get("added") for it in r.json()["items"] if it.get("id") is not None] == [False] * 3
         assert c.post("/api/models/ltd/items", json={"folder": "../"}).status_code == 404
         assert c.post("/api/models/ltd/items", json={"folder": str(photos)}).status_code == 400
+
+
+@pytest.mark.parametrize("in_process", [False, True])
+def test_a_folders_file_over_the_upload_budgets_is_skipped(tiny_index_pair, tmp_path, in_process):
+    """A folder's files are held to the uploads' byte and pixel budgets on either write path."""
+    root = tmp_path / "photos"
+    (root / "big").mkdir(parents=True)
+    buf = io.BytesIO()
+    Image.new("RGB", (300, 300), (90, 140, 200)).save(buf, "PNG")
+    small, wide, heavy = png(601), buf.getvalue(), png(603, size=200)
+    (root / "big" / "small.png").write_bytes(small)
+    (root / "big" / "wide.png").write_bytes(wide)  # few bytes, but 90,000 pixels: over the budget below
+    (root / "big" / "heavy.png").write_bytes(heavy)  # 40,000 pixels, but more bytes than the budget
+    assert len(small) < len(heavy) and len(wide) < len(heavy)
+    with serve(tiny_index_pair, tmp_path, root, write_in_process=in_process, max_upload_bytes=len(heavy) - 1,
+               max_upload_pixels=50_000) as c:
+        r = c.post("/api/models/ltd/items", json={"folder": "big"})
+        assert r.status_code == 201, r.text
+        items = r.json()["items"]
+        assert [it.get("added") for it in items if it.get("id") is not None] == [True]
+        why = {it["file"]: it["skipped"] for it in items if it.get("skipped")}
+        assert sorted(why) == ["heavy.png", "wide.png"] and "upload limit" in why["heavy.png"], why
+        assert "pixel" in why["wide.png"], why
 
 
 def test_the_child_embeds_a_folder_as_the_server_would(tiny_index_pair, tmp_path, photos):
