@@ -190,7 +190,8 @@ class ItemWrites:
         return rows
 
     def add_folder(self, name: str, folder: str, *, metadata: dict | None = None) -> list[dict]:
-        """Add the images of a server-side folder, named relative to one of the ingest roots."""
+        """Add the images of a server-side folder, named relative to one of the ingest roots: one answer per
+        image file, in order, ``{file, id, added}`` or ``{file, skipped}`` (``file`` relative to the folder)."""
         if not self.ingest_roots:
             raise Forbidden("this server reads no folders of its own (start it with --ingest-root DIR)")
         md = check_metadata(metadata or {})
@@ -206,8 +207,10 @@ class ItemWrites:
         files = [p for p in image_files(target) if p.resolve().is_relative_to(root)]
         rows, failed = self._embedding(self._embed_folder, e, files, root, md)
         _, (seq, ids) = self._commit(name, lambda entry: entry.live.store.add(rows))
-        return [{"id": i, "added": added} for i, added in ids] + \
-            [{"file": files[k].name, "skipped": why} for k, why in sorted(failed.items())]
+        added = iter(ids)  # the rows' ids, in the order of the files that were read
+        return [{"file": files[k].relative_to(target).as_posix(),
+                 **({"skipped": failed[k]} if k in failed else dict(zip(("id", "added"), next(added))))}
+                for k in range(len(files))]
 
     def _embed_folder(self, e: ModelEntry, files: list[Path], root: Path, md: dict) -> tuple[list[NewImage], dict[int, str]]:
         """A folder's files read, decoded under the uploads' budgets and embedded by the model's write

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -61,9 +62,11 @@ def test_a_folder_adds_its_images_once_and_skips_what_is_not_one(tiny_index_pair
         ids = [it["id"] for it in items if it.get("id") is not None]
         assert len(ids) == 3 and all(it["added"] for it in items if it.get("id") is not None)
         assert [it["file"] for it in items if it.get("skipped")] == ["broken.jpg"]  # the link out of the root: not even tried
+        assert [it["file"] for it in items] == ["a.png", "b.png", "broken.jpg", "day2/c.png"]  # each file, in order
         got = {c.get(f"/api/models/ltd/items/{i}").json()["filename"]: c.get(f"/api/models/ltd/items/{i}").json()
                for i in ids}
         assert sorted(got) == ["a.png", "b.png", "c.png"]
+        assert {Path(it["file"]).name: it["id"] for it in items if it.get("id")} == {n: got[n]["id"] for n in got}
         assert got["c.png"]["metadata"]["folder"] == "trip/day2" and got["a.png"]["metadata"]["album"] == "summer"
         assert got["a.png"]["metadata"]["width"] == 64 and got["a.png"]["metadata"]["bytes"] == len(png(501))
         assert c.get(f"/api/images/{got['b.png']['id']}?model=ltd").content == png(502)

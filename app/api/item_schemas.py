@@ -35,8 +35,8 @@ class ItemsPage(BaseModel):
 class AddedItem(BaseModel):
     id: int | None = None
     added: bool | None = Field(None, description="false: the same image was already there (its id is given)")
-    file: str | None = Field(None, description="a folder's file that was skipped")
-    skipped: str | None = None
+    file: str | None = Field(None, description="a folder add: the file, relative to the folder (null for uploads)")
+    skipped: str | None = Field(None, description="a folder add: why this file was not added (it has no id)")
 
 
 class AddResponse(BaseModel):
