@@ -111,9 +111,8 @@ def _add_panel(ctx: UIContext):
             gr.HTML(notice(items.WRITES_OFF, "info"))
             return None, None, None
         with gr.Row(equal_height=False):
-            files = gr.File(label="Drop photos here (or click to choose): they are added to the model's index at once",
-                            file_count="multiple", file_types=["image"], type="filepath", height=130, scale=3,
-                            elem_id="add-files")
+            files = gr.File(label="Photos: added at once", file_count="multiple", file_types=["image"],
+                            type="filepath", height=130, scale=3, elem_id="add-files")
             md = gr.Textbox(label="Metadata of the photos (a JSON object, optional)", placeholder='{"album": "2025"}',
                             lines=3, max_length=items.MAX_METADATA_CHARS, scale=2, elem_id="add-metadata")
         out = gr.HTML("", elem_id="add-results", js_on_load=ACTIONS_JS)
