@@ -39,16 +39,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from indexer.build import load_model
-from indexer.file_meta import file_metadata
-from indexer.ingest import IMAGE_SUFFIX, sha256_bytes
-from indexer.items import store_upload
 from search.errors import BadRequest, Busy, NotReady, SearchError, Unsupported, UnsupportedMediaType
-from search.files import sniff_image_type
 from search.media import UploadDecoder
 from search.registry import warm_up
+from search.write_images import WHY, embed_images, read_image_files, save_upload
 from training.device import set_device
 from training.fsio import sha256_file
 
@@ -58,7 +54,6 @@ _ERRORS = {c.__name__: c for c in (BadRequest, Busy, Unsupported, UnsupportedMed
 _HEAD = 1 << 16  # bytes: the largest JSON header either side sends
 _RECORD = 1 << 13  # bytes: the most one stored upload's record (save_upload) may take in the answer
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_WHY = 300  # characters: the most of why a folder's file was skipped that is sent (and answered)
 _ROOT = Path(__file__).resolve().parent.parent  # the folder of the ``search`` package
 _CHILD = (
     "import sys; from multiprocessing.connection import Connection; "
@@ -182,7 +177,7 @@ class ProcessEmbedder:
     def embed_files(self, paths: list[Path], min_side: int, root: Path) -> tuple[np.ndarray, list[dict], dict[int, str]]:
         """A server-side folder's image files (paths the server checked: inside an ingest root), read and
         decoded by the child under the uploads' budgets: (vectors of the readable ones, in order; their
-        records ``{"sha256", "metadata"}``, the metadata relative to ``root``; {position: why skipped})."""
+        records ``{"sha256", "path", "metadata"}``, each path under ``root``; {position: why skipped})."""
         with self._lock:
             self._ensure()
             try:
@@ -192,13 +187,13 @@ class ProcessEmbedder:
                 self._died()
             head = self._reply(self.timeout, want="decoded")
             try:
-                skipped = {int(k): str(v)[:_WHY] for k, v in head.get("skipped", {}).items()}
+                skipped = {int(k): str(v)[:WHY] for k, v in head.get("skipped", {}).items()}
             except (AttributeError, TypeError, ValueError):
                 skipped = None
             if skipped is None or not set(skipped) <= set(range(len(paths))):
                 self._died("answered skipped files that are not its paths")
             vectors = self._vectors(len(paths) - len(skipped))
-            return vectors, self._records(len(vectors), "files'"), skipped
+            return vectors, self._records(len(vectors), "files'", lambda r: Path(r["path"]).is_relative_to(root)), skipped
 
     def _request(self, uploads, min_side, folder, on_decoded) -> tuple[np.ndarray, list[dict]]:
         with self._lock:
@@ -320,24 +315,6 @@ def _load(spec: EmbedderSpec):
     return model, UploadDecoder(max_pixels=spec.max_pixels, max_concurrent=1)
 
 
-def embed_images(model, images: list) -> np.ndarray:
-    """(n, E) float32 embeddings of decoded images through ``model``'s image tower (the child's, and the
-    write thread's with ``write_in_process``)."""
-    if not images:
-        return np.zeros((0, model.image.embed_dim), np.float32)
-    with torch.inference_mode():
-        x = model.image.prepare(images).to(model.device)
-        return np.ascontiguousarray(model.image(x).float().cpu().numpy(), np.float32)
-
-
-def save_upload(folder: Path, data: bytes) -> dict:
-    """One upload stored under an item store's files folder (indexer/items.py ``store_upload``): its
-    record, ``{"sha256", "path", "metadata"}`` (what a folder index knows of the file: file_metadata)."""
-    digest = sha256_bytes(data)
-    path = store_upload(folder, digest, IMAGE_SUFFIX.get(sniff_image_type(data) or "", ".img"), data)
-    return {"sha256": digest, "path": str(path), "metadata": file_metadata(path)}
-
-
 def _answer(conn, model, decoder, uploads: list[bytes], min_side: int, folder: Path | None,
             files: ThreadPoolExecutor) -> None:
     try:
@@ -359,24 +336,6 @@ def _answer(conn, model, decoder, uploads: list[bytes], min_side: int, folder: P
     conn.send_bytes(vectors.tobytes())
     if folder is not None:
         conn.send_bytes(json.dumps(records).encode())
-
-
-def read_image_files(decoder, paths: list[Path], min_side: int, root: Path, max_bytes: int) -> tuple[list, list[dict], dict[int, str]]:
-    """A folder's files, each read (at most ``max_bytes``) and decoded as an upload would be, or skipped
-    with why: (decoded images, their records ``{"sha256", "metadata"}``, {position: why skipped})."""
-    images, records, skipped = [], [], {}
-    for k, path in enumerate(map(Path, paths)):
-        try:
-            with path.open("rb") as f:
-                data = f.read(max_bytes + 1)
-            if len(data) > max_bytes:
-                raise BadRequest(f"larger than the upload limit ({max_bytes:,} bytes)")
-            images.append(decoder.decode(data, min_side))
-            records.append({"sha256": sha256_bytes(data), "metadata": file_metadata(path, root)})
-        except Exception as e:  # noqa: BLE001 - an unreadable file is skipped, as `ltd index` skips it
-            skipped[k] = (e.detail if isinstance(e, SearchError) else f"{type(e).__name__}: {e}")[:_WHY]
-            log.warning("skipped %s: %s", path.name, skipped[k])
-    return images, records, skipped
 
 
 def _answer_files(conn, model, decoder, paths: list[str], min_side: int, root: Path, max_bytes: int) -> None:

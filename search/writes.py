@@ -33,18 +33,11 @@ from indexer import compact
 from indexer.corpus import image_files
 from indexer.embed import embed_captions
 from indexer.items import NewImage
-from search.embed_process import (
-    EmbedderSpec,
-    ProcessEmbedder,
-    child_nice,
-    embed_images,
-    read_image_files,
-    run_in_background,
-    save_upload,
-)
+from search.embed_process import EmbedderSpec, ProcessEmbedder, child_nice, run_in_background
 from search.errors import BadRequest, Conflict, Forbidden, NotFound
 from search.filters import FIELD_NAME
 from search.registry import ModelEntry
+from search.write_images import embed_images, read_image_files, save_upload
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +220,7 @@ class ItemWrites:
                 readable = [j for j in range(len(chunk)) if j not in skipped]
                 failed.update({start + j: why for j, why in skipped.items()})
                 for j, v, rec in zip(readable, vectors, records):
-                    rows.append(NewImage(vector=v, sha256=rec["sha256"], path=str(chunk[j].resolve()), filename=chunk[j].name,
+                    rows.append(NewImage(vector=v, sha256=rec["sha256"], path=rec["path"], filename=chunk[j].name,
                                          metadata={**rec["metadata"], **md}, captions=[]))
                 chunk, start = [], k
             if path is not None:

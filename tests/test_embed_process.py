@@ -108,7 +108,7 @@ def test_a_refused_priority_change_leaves_the_thread_as_it_was(monkeypatch, capl
 def test_the_child_stores_the_uploads_it_embeds(embedder, tmp_path):
     """``embed_and_store``: the same vectors as ``embed``, and each upload written whole under the folder,
     named by its sha256, with the record (sha256, path, file metadata) an in-process add makes of it."""
-    from search.embed_process import save_upload
+    from search.write_images import save_upload
 
     uploads, folder = [png(s) for s in (11, 12, 11)], tmp_path / "items"
     vectors, records = embedder.embed_and_store(uploads, 128, folder)
@@ -166,6 +166,9 @@ _BAD_ANSWERS = {
         [{"sha256": _SHA, "path": f"/elsewhere/ab/{_SHA}.png", "metadata": {}}])),
     "a record that is not a file's": ("files", _frames(
         {"decoded": 1, "skipped": {}}, {"shape": [1, 4]}, b"\0" * 16, [{"sha256": "no", "metadata": {}}])),
+    "a file's record outside the ingest root": ("files", _frames(
+        {"decoded": 1, "skipped": {}}, {"shape": [1, 4]}, b"\0" * 16,
+        [{"sha256": _SHA, "path": "/etc/passwd", "metadata": {}}])),
     "skipped files that are not its paths": ("files", _frames({"decoded": 0, "skipped": {"5": "why"}})),
     "skipped files that are not a mapping": ("files", _frames({"decoded": 0, "skipped": ["why"]})),
 }

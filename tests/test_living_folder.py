@@ -104,6 +104,21 @@ def test_a_folders_file_over_the_upload_budgets_is_skipped(tiny_index_pair, tmp_
         assert "pixel" in why["wide.png"], why
 
 
+def test_a_file_swapped_for_a_link_out_of_the_root_after_the_check_is_not_read(tmp_path, photos):
+    """The server lists a folder's files and drops links out of the root; a file replaced by such a link
+    after that is caught where it is read: the opened file's real path is checked, not the name."""
+    from search.media import UploadDecoder
+    from search.write_images import read_image_files
+
+    swapped = photos / "trip" / "a.png"
+    swapped.unlink()
+    swapped.symlink_to(tmp_path / "secret.png")
+    images, records, skipped = read_image_files(UploadDecoder(max_pixels=10**7), [swapped, photos / "trip" / "b.png"],
+                                                128, photos.resolve(), 10**7)
+    assert list(skipped) == [0] and "leads out of the ingest root" in skipped[0]
+    assert len(images) == 1 and records[0]["path"] == str((photos / "trip" / "b.png").resolve())
+
+
 def test_the_child_embeds_a_folder_as_the_server_would(tiny_index_pair, tmp_path, photos):
     """The process's vectors of a folder are the in-process write path's (the same model, the same
     preprocessing), to float tolerance."""
