@@ -326,13 +326,14 @@ def test_the_embedder_process_stores_the_uploads_not_the_server(living, monkeypa
     add stores: named by their sha256 under the store's folder, with their file metadata."""
     import indexer.items as items
     import search.embed_process as embed_process
+    import search.write_images as write_images
     import search.writes as writes
 
     def refused(*a, **k):
         raise AssertionError("the server wrote an upload")
 
     monkeypatch.setattr(items, "store_upload", refused)
-    monkeypatch.setattr(embed_process, "store_upload", refused)
+    monkeypatch.setattr(write_images, "store_upload", refused)
     monkeypatch.setattr(embed_process, "save_upload", refused)
     monkeypatch.setattr(writes, "save_upload", refused)
     c, index = living
