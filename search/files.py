@@ -2,7 +2,9 @@
 
 - **Images it serves** are the index's own: an image path recorded in an index is served only when,
   links followed, it lies inside one of the index's image folders (``IndexDir.image_file``), has an
-  image file's extension, and starts with an image type's magic bytes. A crafted ``images.json``
+  image file's extension, and starts with an image type's magic bytes; it is read only through a
+  descriptor whose real path is that checked one (``open_served``: a link swapped in after the check
+  is refused). A crafted ``images.json``
   naming ``/etc/passwd`` (with the manifest's hashes recomputed to match) is refused, not served,
   even in an index old enough to record no image folders.
 - **Folders it writes** for the UI (thumbnails, Gradio's upload cache) are private: created 0700 by
@@ -45,24 +47,51 @@ def servable_image(path: Path | ImageMember, what: str) -> Path | ImageMember:
     member = path if isinstance(path, ImageMember) else None
     if path.suffix.lower() not in IMAGE_SUFFIXES:
         raise NotFound(f"{what} is not an image file; it is not served")
-    container = member.container if member is not None else path
-    try:
-        st = container.stat()
-    except OSError:
-        raise NotFound(f"{what} is in the index, but its file is missing on the server") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise NotFound(f"{what} is not a regular file; it is not served")
-    if member is not None and (member.size > MAX_MEMBER_BYTES or member.offset + member.size > st.st_size):
-        raise NotFound(f"{what} is not inside its shard as the index recorded it (changed or truncated?)")
-    try:
-        with open(container, "rb") as f:
+    with open_served(path, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        if member is not None and (member.size > MAX_MEMBER_BYTES or member.offset + member.size > size):
+            raise NotFound(f"{what} is not inside its shard as the index recorded it (changed or truncated?)")
+        try:
             f.seek(member.offset if member is not None else 0)
             head = f.read(min(16, member.size) if member is not None else 16)
-    except OSError:
-        raise NotFound(f"{what} cannot be read on the server") from None
+        except OSError:
+            raise NotFound(f"{what} cannot be read on the server") from None
     if sniff_image_type(head) is None:
         raise NotFound(f"{what} is not an image file; it is not served")
     return path
+
+
+def open_served(path: Path | ImageMember, what: str):
+    """The file of a served image (its shard, for a member; ``path`` resolved and confined already),
+    open for reading — only when the file opened is that path's: a name swapped for a link since the
+    check leads elsewhere and is refused, so every read of a served image goes through this."""
+    container = path.container if isinstance(path, ImageMember) else path
+    try:  # O_NONBLOCK: a FIFO swapped in opens without waiting for a writer (and is refused below)
+        fd = os.open(container, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise NotFound(f"{what} is in the index, but its file is missing on the server") from None
+    except OSError:
+        raise NotFound(f"{what} cannot be read on the server") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotFound(f"{what} is not a regular file; it is not served")
+    f = os.fdopen(fd, "rb")
+    try:
+        if opened_path(f, container) != container:
+            raise NotFound(f"{what} changed on the server since it was checked; it is not served")
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def opened_path(f, path: Path) -> Path:
+    """The real path of the open file ``f`` (opened as ``path``): read from its descriptor where the
+    system says (Linux's /proc), so no link swapped in after a check can point it elsewhere."""
+    try:
+        return Path(os.readlink(f"/proc/self/fd/{f.fileno()}"))
+    except OSError:
+        return path.resolve()
 
 
 # ---- private files (private folders: training/fsio.py) -------------------------------------------

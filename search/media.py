@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 
 from search.errors import BadRequest, Busy, NotFound, Unsupported, UnsupportedMediaType, redact_paths
-from search.files import is_own_file, sniff_image_type, write_private
+from search.files import is_own_file, open_served, sniff_image_type, write_private
 from search.registry import ModelEntry
 from training.data.images import ImageError, load_image
+from training.data.members import ImageMember
 from training.env import default_cache_dir, environment
 from training.fsio import private_folder_or_temp
 
@@ -107,8 +108,9 @@ class Thumbnails:
                 self._cache.move_to_end(key)
                 return self._cache[key]
         try:
-            img = load_image(path)
-        except ImageError as err:
+            with open_served(path, "the image") as f:  # the checked file itself, not a link swapped in since
+                img = load_image(path.read_from(f) if isinstance(path, ImageMember) else f, name=str(path))
+        except (ImageError, OSError) as err:
             raise NotFound(f"image cannot be read: {redact_paths(str(err))}") from None
         img.thumbnail((size, size))
         buf = io.BytesIO()

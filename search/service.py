@@ -26,7 +26,7 @@ from search import analysis
 from search.encoding import QueryEncoder, clean_query
 from search.errors import BadRequest, NotFound, NotReady
 from search.explainer import Explainer
-from search.files import servable_image
+from search.files import open_served, servable_image
 from search.media import Thumbnails, UploadDecoder
 from search.queries import MaskCache, QueryMixin
 from search.ranking import Query, RankRequest, compare_results, rank
@@ -352,6 +352,10 @@ class SearchService(QueryMixin):
                     raise NotFound(f"image {image_id} is not served: the index records it malformed") from None
                 return servable_image(path, f"image {image_id}")  # an image file, by extension and bytes
         raise NotFound(f"image id {image_id} is not in any loaded index" + (f" of model {model}" if model else ""))
+
+    def open_image(self, path: Path | ImageMember, image_id: int):
+        """``image_path``'s file (its shard, for a member) open for reading: only the file checked."""
+        return open_served(path, f"image {image_id}")
 
     def thumbnail(self, image_id: int, size: int = 256, model: str | None = None) -> bytes:
         """JPEG bytes of dataset image ``image_id`` at most ``size`` pixels on a side, from the in-memory LRU.

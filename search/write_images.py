@@ -5,7 +5,6 @@ item store, and read a server-side folder's files under the uploads' budgets."""
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ from indexer.file_meta import file_metadata
 from indexer.ingest import IMAGE_SUFFIX, sha256_bytes
 from indexer.items import store_upload
 from search.errors import BadRequest, SearchError
-from search.files import sniff_image_type
+from search.files import opened_path, sniff_image_type
 
 log = logging.getLogger("ltd.writes")
 
@@ -60,12 +59,3 @@ def read_image_files(decoder, paths: list[Path], min_side: int, root: Path, max_
             skipped[k] = (e.detail if isinstance(e, SearchError) else f"{type(e).__name__}: {e}")[:WHY]
             log.warning("skipped %s: %s", path.name, skipped[k])
     return images, records, skipped
-
-
-def opened_path(f, path: Path) -> Path:
-    """The real path of the open file ``f`` (opened as ``path``): read from the descriptor where the
-    system says (Linux's /proc), so no link swapped in after a check can point it elsewhere."""
-    try:
-        return Path(os.readlink(f"/proc/self/fd/{f.fileno()}"))
-    except OSError:
-        return path.resolve()

@@ -9,6 +9,7 @@ import io
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -59,9 +60,10 @@ def _fast_jpeg(img: Image.Image, fp, original: tuple[int, int]) -> Image.Image |
     return out
 
 
-def load_image(source: str | Path | bytes | ImageMember, *, max_pixels: int = MAX_PIXELS, name: str | None = None,
+def load_image(source: str | Path | bytes | ImageMember | BinaryIO, *, max_pixels: int = MAX_PIXELS, name: str | None = None,
                min_side: int = 0) -> Image.Image:
-    """Decode a file path, bytes or a shard member (``members.ImageMember``) into an RGB PIL image,
+    """Decode a file path, bytes, a shard member (``members.ImageMember``) or a binary file open for
+    reading (closed when done) into an RGB PIL image,
     applying EXIF orientation.
 
     ``max_pixels`` bounds the pixels actually decoded. ``min_side`` > 0 lets a JPEG decode at a
@@ -73,6 +75,8 @@ def load_image(source: str | Path | bytes | ImageMember, *, max_pixels: int = MA
     try:
         if isinstance(source, ImageMember):
             fp = io.BytesIO(source.read_bytes())
+        elif hasattr(source, "read"):  # a file already open (the server's checked one: search/files.py)
+            fp = source
         else:
             fp = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
     except OSError as e:

@@ -69,11 +69,15 @@ class ImageMember:
     def read_bytes(self, limit: int = MAX_MEMBER_BYTES) -> bytes:
         """The member's bytes (OSError when the container is shorter than the range, or the member is
         larger than ``limit``)."""
+        with open(self.container, "rb") as f:
+            return self.read_from(f, limit)
+
+    def read_from(self, f, limit: int = MAX_MEMBER_BYTES) -> bytes:
+        """``read_bytes`` from ``f``, the container already open."""
         if self.size > limit:
             raise OSError(f"{self.size:,} bytes is more than the {limit:,} an image may have")
-        with open(self.container, "rb") as f:
-            f.seek(self.offset)
-            data = f.read(self.size)
+        f.seek(self.offset)
+        data = f.read(self.size)
         if len(data) != self.size:
             raise OSError(f"the shard ends after {len(data)} of the member's {self.size} bytes (truncated?)")
         return data

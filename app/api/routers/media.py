@@ -51,23 +51,38 @@ def get_image(image_id: ImageIdPath, request: Request, svc: Service, settings: C
     Last-Modified, and 304 for a matching If-None-Match)."""
     path = svc.image_path(image_id, model)
     media_type = MEDIA_TYPES.get(path.suffix.lower(), "application/octet-stream")
+    f = svc.open_image(path, image_id)  # the checked file itself (search/files.py open_served)
     if isinstance(path, ImageMember):  # inside a webdataset shard: its byte range (bounded), not a file
-        try:
-            data, stat = path.read_bytes(), os.stat(path.container)
-        except OSError:
-            raise NotFound(f"image {image_id} cannot be read on the server") from None
+        with f:
+            try:
+                data, stat = path.read_from(f), os.fstat(f.fileno())
+            except OSError:
+                raise NotFound(f"image {image_id} cannot be read on the server") from None
         tag = f'"{stat.st_mtime_ns:x}-{stat.st_size:x}-{path.offset:x}-{path.size:x}"'  # the shard's state, the range
         response = Response(data, media_type=media_type, headers={"ETag": tag, **_cache_headers(settings)})
     else:
-        try:
-            stat = os.stat(path)
-        except OSError:
-            raise NotFound(f"image {image_id} cannot be read on the server") from None
-        response = FileResponse(path, media_type=media_type, headers=_cache_headers(settings), stat_result=stat)
+        response = OpenFileResponse(f, path, media_type=media_type, headers=_cache_headers(settings))
     etag = response.headers["etag"]
     if etag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
+        f.close()
         return Response(status_code=304, headers={"ETag": etag, **_cache_headers(settings)})
     return response
+
+
+class OpenFileResponse(FileResponse):
+    """A file response of a file the route opened (and checked): sent through its descriptor
+    (``/proc/self/fd/N`` reopens that very file, whatever its name leads to by now), closed once sent."""
+
+    def __init__(self, f, path, **kw):
+        self._file = f
+        by_fd = f"/proc/self/fd/{f.fileno()}"
+        super().__init__(by_fd if os.path.exists(by_fd) else path, stat_result=os.fstat(f.fileno()), **kw)
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._file.close()
 
 
 @router.get("/images/{image_id}/thumbnail", response_class=Response,
