@@ -20,12 +20,13 @@ from PIL import Image
 
 from indexer.ptb_tokenize import coco_tokenize
 from search.captioners import CaptionerRegistry
-from search.errors import BadRequest, NotFound
+from search.errors import BadRequest, NotFound, redact_paths
+from search.media import load_served
 from search.registry import ModelEntry
 from search.results import CaptionCheck, CaptionResult, GeneratedCaption, ImageRank
 from search.service import SearchService
 from training.captioning.cider import CiderD
-from training.data.images import ImageError, load_image
+from training.data.images import ImageError
 
 MAX_BEAM = 20
 
@@ -85,9 +86,9 @@ class CaptionService:
         if image_bytes is not None:
             return self.search.uploads.decode(image_bytes, min_side), None
         try:
-            return load_image(self.search.image_path(image_id)), int(image_id)
-        except ImageError as e:
-            raise NotFound(f"image {image_id} cannot be read: {e}") from None
+            return load_served(self.search.image_path(image_id), f"image {image_id}"), int(image_id)
+        except (ImageError, OSError) as e:
+            raise NotFound(f"image {image_id} cannot be read: {redact_paths(str(e))}") from None
 
     def _ranks(self, caption: str, img: Image.Image, image_id: int | None,
                judge: str | None = None) -> list[ImageRank]:

@@ -81,6 +81,13 @@ def default_thumb_dir() -> Path:
     return Path(environment().ui_thumbs or default_cache_dir() / "ui-thumbs")
 
 
+def load_served(path: Path | ImageMember, what: str = "the image"):
+    """A served image (``SearchService.image_path``'s, resolved and confined) decoded from the file that
+    was checked (search/files.py ``open_served``), not from whatever its name leads to by now."""
+    with open_served(path, what) as f:
+        return load_image(path.read_from(f) if isinstance(path, ImageMember) else f, name=str(path))
+
+
 class Thumbnails:
     """JPEG thumbnails of image files, in an LRU cache of ``capacity`` entries (thread-safe)."""
 
@@ -108,8 +115,7 @@ class Thumbnails:
                 self._cache.move_to_end(key)
                 return self._cache[key]
         try:
-            with open_served(path, "the image") as f:  # the checked file itself, not a link swapped in since
-                img = load_image(path.read_from(f) if isinstance(path, ImageMember) else f, name=str(path))
+            img = load_served(path)
         except (ImageError, OSError) as err:
             raise NotFound(f"image cannot be read: {redact_paths(str(err))}") from None
         img.thumbnail((size, size))
