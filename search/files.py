@@ -66,23 +66,27 @@ def open_served(path: Path | ImageMember, what: str):
     open for reading — only when the file opened is that path's: a name swapped for a link since the
     check leads elsewhere and is refused, so every read of a served image goes through this."""
     container = path.container if isinstance(path, ImageMember) else path
-    try:  # O_NONBLOCK: a FIFO swapped in opens without waiting for a writer (and is refused below)
-        fd = os.open(container, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    f, real = open_regular(container, what)
+    if real != container:
+        f.close()
+        raise NotFound(f"{what} changed on the server since it was checked; it is not served")
+    return f
+
+
+def open_regular(path: Path, what: str):
+    """``path`` open for reading, and the real path of the file opened (``opened_path``), when it is a
+    regular file; NotFound otherwise. O_NONBLOCK: a FIFO found there opens without waiting for a writer."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise NotFound(f"{what} is in the index, but its file is missing on the server") from None
+        raise NotFound(f"{what}: its file is missing on the server") from None
     except OSError:
         raise NotFound(f"{what} cannot be read on the server") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise NotFound(f"{what} is not a regular file; it is not served")
+        raise NotFound(f"{what} is not a regular file")
     f = os.fdopen(fd, "rb")
-    try:
-        if opened_path(f, container) != container:
-            raise NotFound(f"{what} changed on the server since it was checked; it is not served")
-    except BaseException:
-        f.close()
-        raise
-    return f
+    return f, opened_path(f, path)
 
 
 def opened_path(f, path: Path) -> Path:

@@ -14,7 +14,7 @@ from indexer.file_meta import file_metadata
 from indexer.ingest import IMAGE_SUFFIX, sha256_bytes
 from indexer.items import store_upload
 from search.errors import BadRequest, SearchError
-from search.files import opened_path, sniff_image_type
+from search.files import open_regular, sniff_image_type
 
 log = logging.getLogger("ltd.writes")
 
@@ -46,8 +46,8 @@ def read_image_files(decoder, paths: list[Path], min_side: int, root: Path, max_
     images, records, skipped = [], [], {}
     for k, path in enumerate(map(Path, paths)):
         try:
-            with path.open("rb") as f:
-                real = opened_path(f, path)  # what was opened: a file swapped for a link since the check is refused
+            f, real = open_regular(path, path.name)  # a FIFO or a link out of the root swapped in since: refused
+            with f:
                 if not real.is_relative_to(root):
                     raise BadRequest("the file leads out of the ingest root")
                 data = f.read(max_bytes + 1)

@@ -200,10 +200,11 @@ class ItemWrites:
         files = [p for p in image_files(target) if p.resolve().is_relative_to(root)]
         rows, failed = self._embedding(self._embed_folder, e, files, root, md)
         _, (seq, ids) = self._commit(name, lambda entry: entry.live.store.add(rows))
-        added = iter(ids)  # the rows' ids, in the order of the files that were read
-        return [{"file": files[k].relative_to(target).as_posix(),
-                 **({"skipped": failed[k]} if k in failed else dict(zip(("id", "added"), next(added))))}
-                for k in range(len(files))]
+        added, out = iter(ids), []  # the rows' ids, in the order of the files that were read
+        for k, path in enumerate(files):
+            answer = {"skipped": failed[k]} if k in failed else dict(zip(("id", "added"), next(added)))
+            out.append({"file": path.relative_to(target).as_posix(), **answer})
+        return out
 
     def _embed_folder(self, e: ModelEntry, files: list[Path], root: Path, md: dict) -> tuple[list[NewImage], dict[int, str]]:
         """A folder's files read, decoded under the uploads' budgets and embedded by the model's write

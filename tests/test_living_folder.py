@@ -4,6 +4,7 @@ reads and embeds its files, not the server (search/embed_process.py ``embed_file
 from __future__ import annotations
 
 import io
+import os
 import shutil
 from pathlib import Path
 
@@ -110,12 +111,15 @@ def test_a_file_swapped_for_a_link_out_of_the_root_after_the_check_is_not_read(t
     from search.media import UploadDecoder
     from search.write_images import read_image_files
 
-    swapped = photos / "trip" / "a.png"
+    swapped, fifo = photos / "trip" / "a.png", photos / "trip" / "day2" / "c.png"
     swapped.unlink()
     swapped.symlink_to(tmp_path / "secret.png")
-    images, records, skipped = read_image_files(UploadDecoder(max_pixels=10**7), [swapped, photos / "trip" / "b.png"],
+    fifo.unlink()
+    os.mkfifo(fifo)  # opened without waiting for a writer, and refused
+    images, records, skipped = read_image_files(UploadDecoder(max_pixels=10**7), [swapped, photos / "trip" / "b.png", fifo],
                                                 128, photos.resolve(), 10**7)
-    assert list(skipped) == [0] and "leads out of the ingest root" in skipped[0]
+    assert list(skipped) == [0, 2] and "leads out of the ingest root" in skipped[0]
+    assert "not a regular file" in skipped[2]
     assert len(images) == 1 and records[0]["path"] == str((photos / "trip" / "b.png").resolve())
 
 
